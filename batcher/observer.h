@@ -1,0 +1,45 @@
+// What the engine loop reports as it works. metrics/ implements it with
+// Prometheus; the batcher itself knows nothing of metrics. Called on the
+// engine thread, so implementations must be cheap and must not block.
+#pragma once
+
+#include <string>
+
+#include "absl/time/time.h"
+
+namespace coalesce::batcher {
+
+struct StepStats {
+  int num_seqs = 0;        // sequences in the step
+  int prefill_tokens = 0;  // prompt tokens processed
+  int decode_tokens = 0;   // one per decoding sequence
+  absl::Duration duration;  // time in Backend::Step
+};
+
+struct QueueStats {
+  int waiting = 0;
+  int running = 0;
+  int free_kv_blocks = 0;
+  int total_kv_blocks = 0;
+};
+
+struct RequestSummary {
+  // "ok" or the lower-case status code name ("cancelled", ...)
+  std::string status;
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  absl::Duration duration;  // arrival to last token
+};
+
+class LoopObserver {
+ public:
+  virtual ~LoopObserver() = default;
+  virtual void OnStep(const StepStats& stats) {}
+  virtual void OnQueue(const QueueStats& stats) {}
+  virtual void OnAdmitted(absl::Duration queue_wait) {}
+  virtual void OnFirstToken(absl::Duration time_to_first_token) {}
+  virtual void OnInterToken(absl::Duration gap) {}
+  virtual void OnFinished(const RequestSummary& summary) {}
+};
+
+}  // namespace coalesce::batcher

@@ -1,0 +1,49 @@
+// What the batcher is asked to do and what it reports back, in plain structs:
+// the service turns protobuf into these and these into protobuf.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "engine/sampler.h"
+
+namespace coalesce::batcher {
+
+struct GenerationRequest {
+  std::string request_id;         // the caller's, for logs
+  std::vector<int32_t> prompt;    // token ids, BOS included if wanted
+  int max_new_tokens = 16;
+  engine::SamplingParams sampling;
+  uint64_t seed = 0;              // the request's own random generator
+  std::vector<std::string> stop;  // stop sequences
+  absl::Time arrival;             // when the server received it
+};
+
+enum class FinishReason { kLength, kStop, kEos, kCancelled };
+
+// One batch of output for one request. Every update but the last has
+// finished == false.
+struct StreamUpdate {
+  std::vector<int32_t> token_ids;  // new since the previous update
+  std::string text;                // new valid UTF-8 text
+  bool finished = false;
+  // When finished: OK with a finish_reason, or the error that ended it.
+  absl::Status status;
+  FinishReason finish_reason = FinishReason::kLength;
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+};
+
+// Where a request's output goes. Called on the engine thread: it must not
+// block (append to an outbox and return). Deliver is never called again
+// after an update with finished == true.
+class OutputSink {
+ public:
+  virtual ~OutputSink() = default;
+  virtual void Deliver(StreamUpdate update) = 0;
+};
+
+}  // namespace coalesce::batcher

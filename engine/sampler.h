@@ -1,0 +1,36 @@
+// Picks the next token from a row of logits. Each request owns its Rng, so a
+// request with a seed gets the same tokens whatever else is in its batch.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace coalesce::engine {
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0: greedy (argmax, ties to the lowest id)
+  int top_k = 0;             // 0: no limit
+  float top_p = 1.0f;        // nucleus mass in (0, 1]; 1: no limit
+};
+
+// xoshiro256** seeded through splitmix64: small, fast, and the same sequence
+// on every platform (std:: distributions are not).
+class Rng {
+ public:
+  explicit Rng(uint64_t seed);
+  uint64_t NextU64();
+  // Uniform in [0, 1).
+  float NextFloat();
+
+ private:
+  uint64_t s_[4];
+};
+
+// Samples one token id. Order: temperature scales the logits, softmax, keep
+// the top_k most likely, keep the smallest prefix (by descending probability)
+// whose mass reaches top_p, renormalise, draw. Greedy ignores top_k/top_p and
+// draws nothing from `rng`.
+int32_t Sample(std::span<const float> logits, const SamplingParams& params,
+               Rng& rng);
+
+}  // namespace coalesce::engine

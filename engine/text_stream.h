@@ -1,0 +1,38 @@
+// Turns one sequence's generated tokens into the text its client receives:
+// valid UTF-8 only (a character split across tokens goes out when complete),
+// with stop sequences cut off. Text that might be the start of a stop
+// sequence is held back until it is known not to be.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/tokenizer.h"
+
+namespace coalesce::engine {
+
+class TextStream {
+ public:
+  // `last_prompt_token` is the context for the first generated token's bytes.
+  TextStream(const Tokenizer& tokenizer, int32_t last_prompt_token,
+             std::vector<std::string> stop_sequences);
+
+  struct Piece {
+    std::string text;      // safe to send now
+    bool stopped = false;  // a stop sequence completed; text ends before it
+  };
+  // Adds one generated token.
+  Piece Push(int32_t token);
+  // The end of the sequence (not by stop): everything held back.
+  std::string Finish();
+
+ private:
+  const Tokenizer& tokenizer_;
+  int32_t prev_;
+  std::vector<std::string> stops_;
+  Utf8StreamDecoder utf8_;
+  std::string held_;  // decoded text not yet sent: may start a stop sequence
+};
+
+}  // namespace coalesce::engine

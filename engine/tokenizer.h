@@ -1,0 +1,55 @@
+// Text <-> token ids. Generate, Tokenize and Detokenize all go through one
+// Tokenizer, so a prompt is encoded exactly as Tokenize(add_special_tokens =
+// true) encodes it.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace coalesce::engine {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  virtual int vocab_size() const = 0;
+  virtual int32_t bos_id() const = 0;
+  // Tokens that end generation with finish_reason end-of-sequence.
+  virtual std::span<const int32_t> eos_ids() const = 0;
+
+  // Encodes `text`; with `add_special_tokens` the BOS token comes first.
+  virtual std::vector<int32_t> Encode(std::string_view text,
+                                      bool add_special_tokens) const = 0;
+
+  // The raw bytes `token` stands for when it follows `prev` (-1: none). May be
+  // part of a UTF-8 character (byte-fallback tokens). Control tokens (BOS,
+  // EOS, unknown) give "".
+  virtual std::string TokenBytes(int32_t prev, int32_t token) const = 0;
+};
+
+// Decodes `ids` to valid UTF-8 (invalid or incomplete byte sequences become
+// U+FFFD). `prev` is the token before ids[0], or -1.
+std::string Decode(const Tokenizer& tokenizer, std::span<const int32_t> ids,
+                   int32_t prev = -1);
+
+// Turns a stream of bytes into a stream of valid UTF-8: Push returns the
+// longest complete prefix of what it has seen and keeps an incomplete
+// character for later; bytes that can never form a character become U+FFFD.
+// The concatenation of all pieces equals Decode of the whole byte string.
+class Utf8StreamDecoder {
+ public:
+  std::string Push(std::string_view bytes);
+  // Everything still held, with an incomplete trailing character as U+FFFD.
+  std::string Flush();
+
+ private:
+  std::string pending_;
+};
+
+// Replaces each invalid or incomplete UTF-8 sequence in `bytes` with U+FFFD.
+std::string SanitizeUtf8(std::string_view bytes);
+
+}  // namespace coalesce::engine

@@ -1,0 +1,43 @@
+// Everything the server binary is configured with, parsed once from flags in
+// main() and passed down.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "batcher/scheduler.h"
+
+namespace coalesce::service {
+
+struct ServerOptions {
+  std::string host = "0.0.0.0";
+  int port = 50051;
+  int metrics_port = 9090;                  // 0: pick a free port; -1: off
+  std::string model = "synthetic:15m";      // preset name or llama2.c file
+  std::string tokenizer;                    // tokenizer.bin (llama2.c models)
+  batcher::SchedulerConfig scheduler;
+  int threads = 0;                          // 0: one per core
+  int kv_block_size = 16;
+  std::string kv_cache_memory = "auto";
+  absl::Duration grace_period = absl::Seconds(30);
+  int max_request_bytes = 4 << 20;
+  bool log_steps = false;
+};
+
+// "auto", a byte count with an optional unit ("512MiB", "2GB", "1048576"), or
+// a fraction of physical memory in (0, 1] ("0.25").
+struct KvCacheMemory {
+  bool automatic = false;
+  double fraction = 0;  // of physical memory, when > 0
+  int64_t bytes = 0;    // when > 0
+};
+absl::StatusOr<KvCacheMemory> ParseKvCacheMemory(const std::string& text);
+
+// KV blocks to allocate. "auto": enough for max_batch_size sequences of the
+// full context, but at most a quarter of physical memory.
+int64_t KvCacheBlocks(const KvCacheMemory& memory, int64_t block_bytes,
+                      int64_t full_context_blocks, int max_batch_size,
+                      int64_t physical_memory_bytes);
+
+}  // namespace coalesce::service

@@ -1,0 +1,34 @@
+// Checks a request before it reaches the engine. Every failure is
+// INVALID_ARGUMENT with a message that names the field and the limit.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "coalesce/v1/generator.pb.h"
+
+namespace coalesce::service {
+
+struct RequestLimits {
+  int vocab_size = 0;
+  int context_length = 0;
+  int max_stop_sequences = 16;
+  int max_stop_bytes = 256;
+  int max_request_id_bytes = 256;
+};
+
+// Everything that can be checked before the prompt is tokenized.
+absl::Status ValidateGenerateRequest(const v1::GenerateRequest& request,
+                                     const RequestLimits& limits);
+
+// Token ids must be in [0, vocab_size). `field` names them in the message.
+absl::Status ValidateTokenIds(std::span<const int32_t> ids, int vocab_size,
+                              absl::string_view field);
+
+// The prompt, now tokenized, plus max_new_tokens must fit the context.
+absl::Status ValidatePromptLength(int prompt_tokens, int max_new_tokens,
+                                  const RequestLimits& limits);
+
+}  // namespace coalesce::service

@@ -1,0 +1,299 @@
+// The engine loop against a fake backend whose "model" always predicts the
+// previous token plus one, so every expected output is known in advance.
+#include "batcher/engine_loop.h"
+
+#include <atomic>
+
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace coalesce::batcher {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::Each;
+
+constexpr int kVocab = 16;
+constexpr int32_t kEos = 15;
+
+// Token t is the letter 'a' + t; kEos is a control token with no text.
+class LetterTokenizer : public engine::Tokenizer {
+ public:
+  int vocab_size() const override { return kVocab; }
+  int32_t bos_id() const override { return 0; }
+  std::span<const int32_t> eos_ids() const override { return eos_; }
+  std::vector<int32_t> Encode(std::string_view, bool) const override { return {}; }
+  std::string TokenBytes(int32_t, int32_t token) const override {
+    return token == kEos ? "" : std::string(1, static_cast<char>('a' + token));
+  }
+
+ private:
+  std::vector<int32_t> eos_ = {kEos};
+};
+
+// Predicts (last token of the sequence + 1) mod kVocab. Records the shape of
+// every step, and can be told to fail.
+class CountingBackend : public engine::Backend {
+ public:
+  explicit CountingBackend(int num_blocks) : kv_{4, num_blocks} {
+    config_.name = "counting";
+    config_.vocab_size = kVocab;
+    config_.max_seq_len = 64;
+  }
+  absl::Status Step(const engine::StepBatch& batch, std::span<float> logits) override {
+    if (fail_next_) {
+      fail_next_ = false;
+      return absl::InternalError("injected failure");
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      batch_sizes_.push_back(static_cast<int>(batch.seqs.size()));
+      step_tokens_.push_back(static_cast<int>(batch.tokens.size()));
+    }
+    std::fill(logits.begin(), logits.end(), 0.0f);
+    size_t offset = 0;
+    for (size_t i = 0; i < batch.seqs.size(); ++i) {
+      const auto& seq = batch.seqs[i];
+      // The block table must cover every position this step writes.
+      EXPECT_GE(static_cast<int>(seq.block_table.size()) * kv_.block_size,
+                seq.start_pos + seq.num_tokens);
+      offset += seq.num_tokens;
+      const int32_t last = batch.tokens[offset - 1];
+      logits[i * kVocab + (last + 1) % kVocab] = 10.0f;
+    }
+    if (step_delay_ > absl::ZeroDuration()) absl::SleepFor(step_delay_);
+    return absl::OkStatus();
+  }
+  const engine::ModelConfig& config() const override { return config_; }
+  const engine::KvCacheConfig& kv_cache() const override { return kv_; }
+  std::string_view name() const override { return "counting"; }
+
+  std::vector<int> batch_sizes() {
+    absl::MutexLock lock(&mu_);
+    return batch_sizes_;
+  }
+  std::vector<int> step_tokens() {
+    absl::MutexLock lock(&mu_);
+    return step_tokens_;
+  }
+  std::atomic<bool> fail_next_{false};
+  absl::Duration step_delay_ = absl::ZeroDuration();
+
+ private:
+  engine::ModelConfig config_;
+  engine::KvCacheConfig kv_;
+  absl::Mutex mu_;
+  std::vector<int> batch_sizes_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> step_tokens_ ABSL_GUARDED_BY(mu_);
+};
+
+// Collects one request's updates.
+class Collector : public OutputSink {
+ public:
+  void Deliver(StreamUpdate update) override {
+    absl::MutexLock lock(&mu_);
+    EXPECT_FALSE(final_.has_value()) << "update after the final one";
+    for (int32_t id : update.token_ids) ids_.push_back(id);
+    text_ += update.text;
+    ++updates_;
+    if (update.finished) final_ = std::move(update);
+  }
+  StreamUpdate WaitFinal() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::optional<StreamUpdate>* f) { return f->has_value(); }, &final_));
+    return *final_;
+  }
+  std::vector<int32_t> ids() {
+    absl::MutexLock lock(&mu_);
+    return ids_;
+  }
+  std::string text() {
+    absl::MutexLock lock(&mu_);
+    return text_;
+  }
+  int updates() {
+    absl::MutexLock lock(&mu_);
+    return updates_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<int32_t> ids_ ABSL_GUARDED_BY(mu_);
+  std::string text_ ABSL_GUARDED_BY(mu_);
+  int updates_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<StreamUpdate> final_ ABSL_GUARDED_BY(mu_);
+};
+
+GenerationRequest Request(std::vector<int32_t> prompt, int max_new_tokens) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.max_new_tokens = max_new_tokens;
+  r.arrival = absl::Now();
+  return r;
+}
+
+class EngineLoopTest : public ::testing::Test {
+ protected:
+  void StartLoop(SchedulerConfig config, int num_blocks = 64) {
+    backend_ = std::make_unique<CountingBackend>(num_blocks);
+    loop_ = std::make_unique<EngineLoop>(backend_.get(), &tokenizer_,
+                                         EngineLoopOptions{config}, RealClock(),
+                                         nullptr);
+    loop_->Start();
+  }
+  std::shared_ptr<Collector> Submit(GenerationRequest request, uint64_t* id = nullptr) {
+    auto sink = std::make_shared<Collector>();
+    absl::StatusOr<uint64_t> submitted = loop_->Submit(std::move(request), sink);
+    EXPECT_TRUE(submitted.ok()) << submitted.status();
+    if (id != nullptr && submitted.ok()) *id = *submitted;
+    return sink;
+  }
+  void ExpectAllBlocksFree() {
+    // Stats are published at the end of each iteration; give it a moment.
+    for (int i = 0; i < 200; ++i) {
+      QueueStats s = loop_->queue_stats();
+      if (s.free_kv_blocks == s.total_kv_blocks && s.running == 0) return;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    QueueStats s = loop_->queue_stats();
+    EXPECT_EQ(s.free_kv_blocks, s.total_kv_blocks);
+    EXPECT_EQ(s.running, 0);
+  }
+
+  LetterTokenizer tokenizer_;
+  std::unique_ptr<CountingBackend> backend_;
+  std::unique_ptr<EngineLoop> loop_;
+};
+
+TEST_F(EngineLoopTest, StreamsTokensAndFinishesOnLength) {
+  StartLoop({4, absl::ZeroDuration()});
+  auto sink = Submit(Request({2, 3}, 5));
+  StreamUpdate last = sink->WaitFinal();
+  EXPECT_TRUE(last.status.ok());
+  EXPECT_EQ(last.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(last.prompt_tokens, 2);
+  EXPECT_EQ(last.completion_tokens, 5);
+  EXPECT_THAT(sink->ids(), ElementsAre(4, 5, 6, 7, 8));
+  EXPECT_EQ(sink->text(), "efghi");
+  EXPECT_EQ(sink->updates(), 5);  // one per step: streamed, not batched up
+  ExpectAllBlocksFree();
+}
+
+TEST_F(EngineLoopTest, EndOfSequenceTokenEndsGeneration) {
+  StartLoop({4, absl::ZeroDuration()});
+  auto sink = Submit(Request({12}, 10));
+  StreamUpdate last = sink->WaitFinal();
+  EXPECT_EQ(last.finish_reason, FinishReason::kEos);
+  EXPECT_THAT(sink->ids(), ElementsAre(13, 14, kEos));
+  EXPECT_EQ(sink->text(), "no");
+}
+
+TEST_F(EngineLoopTest, StopSequenceEndsGenerationAndIsNotSent) {
+  StartLoop({4, absl::ZeroDuration()});
+  GenerationRequest r = Request({0}, 10);
+  r.stop = {"def"};
+  auto sink = Submit(std::move(r));
+  StreamUpdate last = sink->WaitFinal();
+  EXPECT_EQ(last.finish_reason, FinishReason::kStop);
+  EXPECT_EQ(sink->text(), "bc");
+  EXPECT_THAT(sink->ids(), ElementsAre(1, 2, 3, 4, 5));
+}
+
+TEST_F(EngineLoopTest, WindowCoalescesArrivalsIntoOnePrefill) {
+  // A long window and 4 slots: four requests submitted together fill the
+  // slots, so their prompts are prefilled in one step.
+  StartLoop({4, absl::Seconds(10)});
+  std::vector<std::shared_ptr<Collector>> sinks;
+  for (int i = 0; i < 4; ++i) sinks.push_back(Submit(Request({i, i}, 3)));
+  for (auto& s : sinks) EXPECT_EQ(s->WaitFinal().finish_reason, FinishReason::kLength);
+  EXPECT_THAT(backend_->batch_sizes(), ElementsAre(4, 4, 4));
+  EXPECT_THAT(backend_->step_tokens(), ElementsAre(8, 4, 4));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_THAT(sinks[i]->ids(), ElementsAre(i + 1, i + 2, i + 3));
+  }
+}
+
+TEST_F(EngineLoopTest, LateArrivalJoinsTheRunningBatch) {
+  StartLoop({4, absl::ZeroDuration()});
+  backend_->step_delay_ = absl::Milliseconds(5);
+  auto first = Submit(Request({0}, 12));
+  // Wait until the first request is streaming, then add a second.
+  while (first->updates() < 2) absl::SleepFor(absl::Milliseconds(1));
+  auto second = Submit(Request({5}, 2));
+  EXPECT_EQ(second->WaitFinal().finish_reason, FinishReason::kLength);
+  first->WaitFinal();
+  // The second finished without waiting for the first: some steps had 2.
+  std::vector<int> sizes = backend_->batch_sizes();
+  EXPECT_EQ(std::count(sizes.begin(), sizes.end(), 2), 2);
+  EXPECT_THAT(second->ids(), ElementsAre(6, 7));
+  EXPECT_EQ(first->ids().size(), 12u);
+}
+
+TEST_F(EngineLoopTest, CancelFreesTheSlotAndBlocks) {
+  StartLoop({4, absl::ZeroDuration()});
+  backend_->step_delay_ = absl::Milliseconds(2);
+  uint64_t id = 0;
+  auto sink = Submit(Request({0}, 60), &id);
+  while (sink->updates() < 3) absl::SleepFor(absl::Milliseconds(1));
+  loop_->Cancel(id, absl::CancelledError("client went away"));
+  StreamUpdate last = sink->WaitFinal();
+  EXPECT_EQ(last.status.code(), absl::StatusCode::kCancelled);
+  EXPECT_LT(last.completion_tokens, 60);
+  ExpectAllBlocksFree();
+}
+
+TEST_F(EngineLoopTest, CancelWhileWaitingNeverRuns) {
+  StartLoop({4, absl::Seconds(10)});  // the window holds it
+  uint64_t id = 0;
+  auto sink = Submit(Request({0}, 5), &id);
+  loop_->Cancel(id, absl::CancelledError("gone"));
+  EXPECT_EQ(sink->WaitFinal().status.code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(sink->ids().empty());
+  EXPECT_TRUE(backend_->batch_sizes().empty());
+}
+
+TEST_F(EngineLoopTest, RequestLargerThanTheCacheIsRejectedAtOnce) {
+  StartLoop({4, absl::ZeroDuration()}, /*num_blocks=*/2);  // 8 positions
+  auto sink = std::make_shared<Collector>();
+  absl::StatusOr<uint64_t> id = loop_->Submit(Request({1, 2, 3}, 6), sink);
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(id.status().message()), ::testing::HasSubstr("KV cache"));
+}
+
+TEST_F(EngineLoopTest, FullCacheMakesRequestsWaitNotFail) {
+  // 4 blocks of 4 positions; each request needs 2 blocks (1 + 7 tokens).
+  StartLoop({8, absl::ZeroDuration()}, /*num_blocks=*/4);
+  std::vector<std::shared_ptr<Collector>> sinks;
+  for (int i = 0; i < 5; ++i) sinks.push_back(Submit(Request({i}, 7)));
+  for (auto& s : sinks) EXPECT_TRUE(s->WaitFinal().status.ok());
+  std::vector<int> sizes = backend_->batch_sizes();
+  EXPECT_THAT(sizes, Each(::testing::Le(2)));  // never more than fits
+  ExpectAllBlocksFree();
+}
+
+TEST_F(EngineLoopTest, FailedStepFailsItsRequestsAndTheLoopGoesOn) {
+  StartLoop({4, absl::ZeroDuration()});
+  backend_->fail_next_ = true;
+  auto failed = Submit(Request({0}, 3));
+  EXPECT_EQ(failed->WaitFinal().status.code(), absl::StatusCode::kInternal);
+  auto ok = Submit(Request({0}, 3));
+  EXPECT_TRUE(ok->WaitFinal().status.ok());
+  ExpectAllBlocksFree();
+}
+
+TEST_F(EngineLoopTest, StopEndsQueuedWorkAndRefusesNewWork) {
+  StartLoop({4, absl::Seconds(10)});
+  auto queued = Submit(Request({0}, 5));
+  loop_->Stop();
+  StreamUpdate last = queued->WaitFinal();
+  EXPECT_TRUE(last.status.ok());
+  EXPECT_EQ(last.finish_reason, FinishReason::kCancelled);
+  absl::StatusOr<uint64_t> late =
+      loop_->Submit(Request({0}, 5), std::make_shared<Collector>());
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace coalesce::batcher

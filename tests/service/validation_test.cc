@@ -1,0 +1,101 @@
+#include "service/validation.h"
+
+#include <cmath>
+#include <limits>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace coalesce::service {
+namespace {
+
+using ::testing::HasSubstr;
+
+const RequestLimits kLimits{.vocab_size = 512, .context_length = 512};
+
+v1::GenerateRequest Valid() {
+  v1::GenerateRequest r;
+  r.set_prompt("Once upon a time");
+  r.set_max_new_tokens(16);
+  return r;
+}
+
+// Expects INVALID_ARGUMENT whose message contains `words`.
+void ExpectInvalid(const v1::GenerateRequest& r, const std::string& words) {
+  absl::Status s = ValidateGenerateRequest(r, kLimits);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr(words));
+}
+
+TEST(ValidationTest, AcceptsAValidRequest) {
+  EXPECT_TRUE(ValidateGenerateRequest(Valid(), kLimits).ok());
+  v1::GenerateRequest ids = Valid();
+  ids.clear_prompt();
+  ids.add_prompt_token_ids(1);
+  ids.add_prompt_token_ids(511);
+  ids.mutable_sampling()->set_temperature(0.7f);
+  ids.mutable_sampling()->set_top_p(1.0f);
+  ids.mutable_sampling()->set_top_k(40);
+  EXPECT_TRUE(ValidateGenerateRequest(ids, kLimits).ok());
+}
+
+TEST(ValidationTest, NeedsExactlyOneInput) {
+  v1::GenerateRequest neither = Valid();
+  neither.clear_prompt();
+  ExpectInvalid(neither, "prompt is empty");
+  v1::GenerateRequest both = Valid();
+  both.add_prompt_token_ids(1);
+  ExpectInvalid(both, "not both");
+}
+
+TEST(ValidationTest, TokenIdsMustBeInTheVocabulary) {
+  for (int32_t bad : {-1, 512}) {
+    v1::GenerateRequest r = Valid();
+    r.clear_prompt();
+    r.add_prompt_token_ids(1);
+    r.add_prompt_token_ids(bad);
+    ExpectInvalid(r, "prompt_token_ids[1] = " + std::to_string(bad));
+  }
+}
+
+TEST(ValidationTest, MaxNewTokensMustBePositiveAndFit) {
+  v1::GenerateRequest r = Valid();
+  r.set_max_new_tokens(0);
+  ExpectInvalid(r, "max_new_tokens must be at least 1");
+  r.set_max_new_tokens(1000000);
+  ExpectInvalid(r, "exceeds the context length");
+  EXPECT_EQ(ValidatePromptLength(500, 13, kLimits).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ValidatePromptLength(500, 12, kLimits).ok());
+}
+
+TEST(ValidationTest, SamplingParametersAreChecked) {
+  for (float t : {-1.0f, std::nanf(""), std::numeric_limits<float>::infinity()}) {
+    v1::GenerateRequest r = Valid();
+    r.mutable_sampling()->set_temperature(t);
+    ExpectInvalid(r, "temperature");
+  }
+  for (float p : {0.0f, -0.5f, 1.5f}) {
+    v1::GenerateRequest r = Valid();
+    r.mutable_sampling()->set_top_p(p);
+    ExpectInvalid(r, "top_p must be in (0, 1]");
+  }
+  v1::GenerateRequest r = Valid();
+  r.mutable_sampling()->set_top_k(-1);
+  ExpectInvalid(r, "top_k must be >= 0");
+}
+
+TEST(ValidationTest, StopSequencesAndRequestIdAreBounded) {
+  v1::GenerateRequest many = Valid();
+  for (int i = 0; i < 17; ++i) many.add_stop("x");
+  ExpectInvalid(many, "at most 16 stop sequences");
+  v1::GenerateRequest empty = Valid();
+  empty.add_stop("");
+  ExpectInvalid(empty, "stop[0]");
+  v1::GenerateRequest long_id = Valid();
+  long_id.set_request_id(std::string(257, 'a'));
+  ExpectInvalid(long_id, "request_id");
+}
+
+}  // namespace
+}  // namespace coalesce::service

@@ -1,0 +1,160 @@
+// coalesce-cli: streams one generation to stdout as its tokens arrive, or
+// fires N concurrent copies of it to show the server batching them.
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "coalesce/v1/generator.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+ABSL_FLAG(std::string, server, "localhost:50051", "Address of a coalesce server.");
+ABSL_FLAG(std::string, prompt, "Once upon a time", "Prompt text.");
+ABSL_FLAG(int, max_new_tokens, 64, "Most tokens to generate.");
+ABSL_FLAG(double, temperature, 0.0, "Sampling temperature; 0 is greedy.");
+ABSL_FLAG(int, top_k, 0, "Keep the k most likely tokens; 0 keeps all.");
+ABSL_FLAG(double, top_p, 1.0, "Nucleus sampling mass in (0, 1].");
+ABSL_FLAG(int64_t, seed, -1, "Sampling seed; -1 lets the server choose.");
+ABSL_FLAG(std::vector<std::string>, stop, {}, "Comma-separated stop sequences.");
+ABSL_FLAG(int, concurrency, 1,
+          "Send this many copies at once. With more than 1, print one summary line "
+          "per request instead of the text.");
+ABSL_FLAG(double, timeout, 600, "Deadline of each request, in seconds.");
+ABSL_FLAG(bool, info, false, "Print the served model's description and exit.");
+
+namespace {
+
+using coalesce::v1::GenerateRequest;
+using coalesce::v1::GenerateResponse;
+using coalesce::v1::Generator;
+using Clock = std::chrono::steady_clock;
+
+const char* FinishReasonName(coalesce::v1::FinishReason reason) {
+  return coalesce::v1::FinishReason_Name(reason).c_str() + sizeof("FINISH_REASON_") - 1;
+}
+
+struct Result {
+  grpc::Status status;
+  int tokens = 0;
+  int messages = 0;
+  double first_token_s = 0;
+  double total_s = 0;
+  std::string finish_reason;
+};
+
+Result RunOne(Generator::Stub& stub, const GenerateRequest& request, bool print_text) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(
+                           static_cast<int64_t>(absl::GetFlag(FLAGS_timeout) * 1000)));
+  Result result;
+  const auto start = Clock::now();
+  auto reader = stub.Generate(&context, request);
+  GenerateResponse response;
+  while (reader->Read(&response)) {
+    if (result.tokens == 0 && response.token_ids_size() > 0) {
+      result.first_token_s = std::chrono::duration<double>(Clock::now() - start).count();
+    }
+    result.tokens += response.token_ids_size();
+    ++result.messages;
+    if (print_text) {
+      std::cout << response.text() << std::flush;
+    }
+    if (response.finish_reason() != coalesce::v1::FINISH_REASON_UNSPECIFIED) {
+      result.finish_reason = FinishReasonName(response.finish_reason());
+    }
+  }
+  result.status = reader->Finish();
+  result.total_s = std::chrono::duration<double>(Clock::now() - start).count();
+  return result;
+}
+
+int PrintInfo(Generator::Stub& stub) {
+  grpc::ClientContext context;
+  coalesce::v1::ModelInfo info;
+  grpc::Status status = stub.GetModelInfo(&context, {}, &info);
+  if (!status.ok()) {
+    std::cerr << "error: " << status.error_message() << "\n";
+    return 1;
+  }
+  std::cout << info.DebugString();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Streams a generation from a coalesce server.\n"
+      "Usage: coalesce-cli --prompt='Once upon a time' [--concurrency=8] [flags]");
+  absl::ParseCommandLine(argc, argv);
+  auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_server),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = Generator::NewStub(channel);
+  if (absl::GetFlag(FLAGS_info)) return PrintInfo(*stub);
+
+  GenerateRequest request;
+  request.set_prompt(absl::GetFlag(FLAGS_prompt));
+  request.set_max_new_tokens(absl::GetFlag(FLAGS_max_new_tokens));
+  auto* sampling = request.mutable_sampling();
+  sampling->set_temperature(static_cast<float>(absl::GetFlag(FLAGS_temperature)));
+  sampling->set_top_k(absl::GetFlag(FLAGS_top_k));
+  sampling->set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
+  if (absl::GetFlag(FLAGS_seed) >= 0) sampling->set_seed(absl::GetFlag(FLAGS_seed));
+  for (const std::string& stop : absl::GetFlag(FLAGS_stop)) request.add_stop(stop);
+
+  const int n = std::max(1, absl::GetFlag(FLAGS_concurrency));
+  if (n == 1) {
+    std::cout << request.prompt() << std::flush;
+    Result r = RunOne(*stub, request, /*print_text=*/true);
+    std::cout << "\n";
+    if (!r.status.ok()) {
+      std::cerr << "error: " << r.status.error_code() << " " << r.status.error_message() << "\n";
+      return 1;
+    }
+    std::cerr << absl::StrFormat(
+        "[%d tokens in %d messages, first token %.1f ms, %.1f tokens/s, finish %s]\n",
+        r.tokens, r.messages, r.first_token_s * 1e3,
+        r.tokens / std::max(r.total_s, 1e-9), r.finish_reason);
+    return 0;
+  }
+
+  std::vector<Result> results(n);
+  std::vector<std::thread> threads;
+  const auto start = Clock::now();
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      GenerateRequest copy = request;
+      copy.set_request_id(absl::StrFormat("cli-%d", i));
+      results[i] = RunOne(*stub, copy, /*print_text=*/false);
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double wall = std::chrono::duration<double>(Clock::now() - start).count();
+  int total_tokens = 0;
+  int failures = 0;
+  for (int i = 0; i < n; ++i) {
+    const Result& r = results[i];
+    if (!r.status.ok()) {
+      ++failures;
+      std::cout << absl::StrFormat("request %3d: error %d %s\n", i, r.status.error_code(),
+                                   r.status.error_message());
+      continue;
+    }
+    total_tokens += r.tokens;
+    std::cout << absl::StrFormat(
+        "request %3d: %4d tokens, first token %7.1f ms, total %7.1f ms, finish %s\n", i,
+        r.tokens, r.first_token_s * 1e3, r.total_s * 1e3, r.finish_reason);
+  }
+  std::cout << absl::StrFormat("%d requests, %d failed, %d tokens in %.2f s: %.1f tokens/s\n",
+                               n, failures, total_tokens, wall, total_tokens / wall);
+  return failures == 0 ? 0 : 1;
+}

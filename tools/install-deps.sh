@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs everything coalesce needs to build, serve and test, from Debian's
+# packages only. Safe to run again: apt-get skips what is already installed.
+set -euo pipefail
+
+packages=(
+  # toolchain
+  build-essential cmake pkg-config
+  # gRPC and Protobuf: the API, its code generator, health and reflection
+  libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  # Abseil: Status/StatusOr, Mutex, flags, time
+  libabsl-dev
+  # Prometheus client library for the /metrics endpoint
+  prometheus-cpp-dev
+  # CPU engine matrix products
+  libopenblas-dev
+  # JSON (test goldens today; model configs and tokenizer.json later)
+  nlohmann-json3-dev
+  # tests and benchmarks
+  libgtest-dev libgmock-dev libbenchmark-dev
+  # the Python gRPC client used by the end-to-end tests
+  python3 python3-grpcio python3-grpc-tools python3-protobuf python3-pytest
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
