@@ -115,14 +115,17 @@ bool EngineLoop::HasWork() const {
 
 void EngineLoop::Run() {
   while (true) {
-    // 1. Take arrivals and cancellations. Sleep only when no sequence runs:
-    //    until something arrives, or the coalescing window ends.
+    // 1. Take arrivals and cancellations. Sleep only when nothing can move
+    //    without them: no sequence runs, and nobody waits or the coalescing
+    //    window holds them (then until the window ends). Waiting requests
+    //    with no window pending are decided on at once: the last decision
+    //    was made before sequences left and freed their slots and blocks.
     std::vector<std::unique_ptr<Sequence>> arrivals;
     std::vector<std::pair<uint64_t, absl::Status>> cancels;
     bool stopping;
     {
       absl::MutexLock lock(&mu_);
-      if (running_.empty()) {
+      if (running_.empty() && (waiting_.empty() || reconsider_at_.has_value())) {
         const absl::Condition has_work(this, &EngineLoop::HasWork);
         if (reconsider_at_.has_value()) {
           mu_.AwaitWithTimeout(has_work, *reconsider_at_ - clock_->Now());

@@ -25,11 +25,12 @@ struct ModelConfig {
   int max_seq_len = 0;                // context length in tokens
   float rope_theta = 10000.0f;
   float norm_eps = 1e-5f;             // RMSNorm epsilon
+  bool tied_classifier = false;       // the classifier is the token embedding
 
   int head_dim() const { return dim / n_heads; }
   int kv_dim() const { return n_kv_heads * head_dim(); }
   // Number of parameters, counting a tied classifier once.
-  int64_t num_parameters(bool tied_classifier) const;
+  int64_t num_parameters() const;
 };
 
 // Views into one layer's weights. Rotary embeddings rotate interleaved pairs
@@ -61,7 +62,6 @@ struct Model {
   ModelConfig config;
   ModelWeights weights;
   std::shared_ptr<const void> storage;
-  bool tied_classifier = false;
 };
 
 }  // namespace coalesce::engine

@@ -157,7 +157,12 @@ void GenerateReactor::OnCancel() {
     if (engine_done_ || engine_id_ == 0) return;
     id = engine_id_;
   }
-  const bool past_deadline = context_->deadline() <= std::chrono::system_clock::now();
+  // A client whose deadline expires cancels the call itself, and its cancel
+  // can reach us a little before our copy of the deadline (sent as a timeout
+  // when the call started) expires. Within this slack it counts as a deadline.
+  constexpr auto kDeadlineSlack = std::chrono::milliseconds(200);
+  const bool past_deadline =
+      context_->deadline() - kDeadlineSlack <= std::chrono::system_clock::now();
   loop_->Cancel(id, past_deadline
                         ? absl::DeadlineExceededError("the request's deadline passed")
                         : absl::CancelledError("the client cancelled the request"));

@@ -93,6 +93,7 @@ grpc::ServerUnaryReactor* GeneratorService::GetModelInfo(
   response->set_context_length(config.max_seq_len);
   response->set_backend(std::string(backend_->name()));
   response->set_synthetic(config.synthetic);
+  response->set_num_parameters(config.num_parameters());
   response->set_num_layers(config.n_layers);
   response->set_hidden_size(config.dim);
   response->set_num_attention_heads(config.n_heads);

@@ -158,7 +158,7 @@ int Serve(const ServerOptions& options) {
        "%.1fM parameters, loaded in %.2f s",
        config.name, config.source, config.n_layers, config.dim, config.n_heads,
        config.n_kv_heads, config.vocab_size, config.max_seq_len,
-       config.num_parameters(loaded->model->tied_classifier) / 1e6,
+       config.num_parameters() / 1e6,
        absl::ToDoubleSeconds(absl::Now() - load_start));
   if (config.synthetic) {
     Log(LogLevel::kWarning,
@@ -269,7 +269,6 @@ int Serve(const ServerOptions& options) {
 }  // namespace coalesce
 
 int main(int argc, char** argv) {
-  coalesce::engine::ConfigureBlasForThisCpu(argv);
   absl::SetProgramUsageMessage(
       "Serves a Llama-family model over gRPC, coalescing concurrent requests into "
       "shared batches.\nUsage: coalesce-server [--model=FILE|synthetic:NAME] [flags]");

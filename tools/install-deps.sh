@@ -12,8 +12,6 @@ packages=(
   libabsl-dev
   # Prometheus client library for the /metrics endpoint
   prometheus-cpp-dev
-  # CPU engine matrix products
-  libopenblas-dev
   # JSON (test goldens today; model configs and tokenizer.json later)
   nlohmann-json3-dev
   # tests and benchmarks

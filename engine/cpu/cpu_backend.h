@@ -1,6 +1,8 @@
 // The CPU backend: float32, batched. Each weight matrix is applied to all rows
-// of a step in one matrix product (BLAS sgemm); attention runs per sequence
-// over its own paged KV blocks, parallel across sequences and heads.
+// of a step in one matrix product (cpu/kernels.h: a batch-invariant product of
+// our own, not BLAS sgemm, whose rows depend on their batch-mates); attention
+// runs per token over its sequence's paged KV blocks, parallel across tokens
+// and heads. A sequence gets bit-identical logits whatever shares its batch.
 #pragma once
 
 #include <memory>
@@ -18,12 +20,5 @@ struct CpuBackendOptions {
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(
     std::shared_ptr<const Model> model, const CpuBackendOptions& options);
-
-// Call first thing in main(), before any thread exists. Debian's OpenBLAS
-// picks its kernels when the library loads and misdetects some AVX-512 Xeons
-// as a 2004 Pentium 4, running 5x slower. When OPENBLAS_CORETYPE is unset and
-// the CPU has AVX-512, this sets it and re-executes the program so the
-// library loads again with the right kernels. A value already set is kept.
-void ConfigureBlasForThisCpu(char** argv);
 
 }  // namespace coalesce::engine

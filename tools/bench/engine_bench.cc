@@ -58,7 +58,7 @@ int Run() {
     return 1;
   }
   std::printf("model %s (%.1fM parameters), context %d, %d decode steps per row\n",
-              config.name.c_str(), config.num_parameters(true) / 1e6, context, steps);
+              config.name.c_str(), config.num_parameters() / 1e6, context, steps);
   std::printf("%6s %12s %12s %14s\n", "batch", "step ms", "tokens/s", "vs batch 1");
 
   std::vector<float> logits;
@@ -104,7 +104,6 @@ int Run() {
 }  // namespace coalesce
 
 int main(int argc, char** argv) {
-  coalesce::engine::ConfigureBlasForThisCpu(argv);
   absl::SetProgramUsageMessage("Measures engine decode throughput by batch size.");
   absl::ParseCommandLine(argc, argv);
   return coalesce::Run();

@@ -1,0 +1,394 @@
+// The forward pass is llama2.c's (run.c forward()), batched: every weight
+// matrix is applied to all rows of a step at once, attention runs per token
+// over its own sequence's paged KV blocks.
+#include "engine/cpu/cpu_backend.h"
+
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "engine/cpu/kernels.h"
+#include "engine/cpu/thread_pool.h"
+#include "engine/simd.h"
+
+namespace coalesce::engine {
+namespace {
+
+struct FreeDeleter {
+  void operator()(float* p) const { std::free(p); }
+};
+
+// Checks that every weight span has the size the config implies, so a
+// mismatched loader fails here instead of reading out of bounds in Step.
+absl::Status ValidateModel(const Model& model) {
+  const ModelConfig& c = model.config;
+  if (c.dim <= 0 || c.hidden_dim <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 ||
+      c.vocab_size <= 0 || c.max_seq_len <= 0 || c.dim % c.n_heads != 0 ||
+      c.n_heads % c.n_kv_heads != 0 || c.head_dim() % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model ", c.name, " has an invalid shape"));
+  }
+  // RoPE tables and attention scratch grow with the context.
+  constexpr int kMaxContext = 1 << 20;
+  if (c.max_seq_len > kMaxContext) {
+    return absl::InvalidArgumentError(absl::StrCat("model ", c.name, ": context ", c.max_seq_len,
+                                                   " exceeds the CPU backend's ", kMaxContext));
+  }
+  const size_t d = c.dim, h = c.hidden_dim, kv = c.kv_dim(), v = c.vocab_size;
+  const ModelWeights& w = model.weights;
+  bool ok = w.token_embedding.size() == v * d && w.classifier.size() == v * d &&
+            w.final_norm.size() == d && w.layers.size() == static_cast<size_t>(c.n_layers);
+  for (const LayerWeights& l : w.layers) {
+    ok = ok && l.attn_norm.size() == d && l.wq.size() == d * d && l.wk.size() == kv * d &&
+         l.wv.size() == kv * d && l.wo.size() == d * d && l.ffn_norm.size() == d &&
+         l.w1.size() == h * d && l.w2.size() == d * h && l.w3.size() == h * d;
+  }
+  if (!ok) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", c.name, ": weight sizes do not match its config"));
+  }
+  return absl::OkStatus();
+}
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(std::shared_ptr<const Model> model, const KvCacheConfig& kv, int threads,
+             std::unique_ptr<float[], FreeDeleter> cache)
+      : model_(std::move(model)),
+        c_(model_->config),
+        kv_(kv),
+        pool_(threads),
+        cache_(std::move(cache)),
+        block_owner_(kv.num_blocks, -1),
+        scores_(static_cast<size_t>(pool_.size()) * c_.max_seq_len) {
+    // RoPE angles with run.c's float formula, one row per position:
+    // freq = 1 / theta^(2i / head_size), angle = pos * freq.
+    const int half = c_.head_dim() / 2;
+    rope_cos_.resize(static_cast<size_t>(c_.max_seq_len) * half);
+    rope_sin_.resize(rope_cos_.size());
+    for (int pos = 0; pos < c_.max_seq_len; ++pos) {
+      for (int i = 0; i < half; ++i) {
+        const float freq =
+            1.0f / std::pow(c_.rope_theta, static_cast<float>(2 * i) / c_.head_dim());
+        const float angle = static_cast<float>(pos) * freq;
+        rope_cos_[static_cast<size_t>(pos) * half + i] = std::cos(angle);
+        rope_sin_[static_cast<size_t>(pos) * half + i] = std::sin(angle);
+      }
+    }
+  }
+
+  absl::Status Step(const StepBatch& batch, std::span<float> logits) override;
+  const ModelConfig& config() const override { return c_; }
+  const KvCacheConfig& kv_cache() const override { return kv_; }
+  std::string_view name() const override { return "cpu"; }
+
+ private:
+  absl::Status Validate(const StepBatch& batch, std::span<float> logits);
+  void Resize(int num_tokens, int num_seqs);
+  // K (kind 0) or V (kind 1) of `layer` in `block`: [block_size, kv_dim].
+  float* Cache(int32_t block, int layer, int kind) {
+    const int64_t slab = int64_t{kv_.block_size} * c_.kv_dim();
+    return cache_.get() + ((int64_t{block} * c_.n_layers + layer) * 2 + kind) * slab;
+  }
+  void Attention(const StepBatch& batch, int layer);
+
+  const std::shared_ptr<const Model> model_;
+  const ModelConfig& c_;
+  const KvCacheConfig kv_;
+  cpu::ThreadPool pool_;
+  // [num_blocks, n_layers, 2 (K, V), block_size, kv_dim]: one block holds
+  // everything a run of block_size positions needs, so the caller's block
+  // accounting is the only accounting.
+  std::unique_ptr<float[], FreeDeleter> cache_;
+  std::vector<float> rope_cos_, rope_sin_;  // [max_seq_len, head_dim / 2]
+
+  // Scratch, grown to the largest step seen and reused.
+  std::vector<float> x_;              // [num_tokens, dim] residual stream
+  std::vector<float> xb_;             // [num_tokens, dim] normed input / projection output
+  std::vector<float> q_;              // [num_tokens, dim]
+  std::vector<float> k_;              // [num_tokens, kv_dim]
+  std::vector<float> v_;              // [num_tokens, kv_dim]
+  std::vector<float> att_;            // [num_tokens, dim] attention output, before wo
+  std::vector<float> hb_;             // [num_tokens, hidden_dim] gate, then silu(gate) * up
+  std::vector<float> hb2_;            // [num_tokens, hidden_dim] up
+  std::vector<float> last_;           // [num_seqs, dim] final-normed last row of each sequence
+  std::vector<int32_t> pos_;          // [num_tokens] position of each token
+  std::vector<int32_t> seq_;          // [num_tokens] sequence of each token
+  std::vector<int32_t> block_owner_;  // [num_blocks] validation: sequence writing it, or -1
+  std::vector<float> scores_;         // [threads, max_seq_len] attention weights per worker
+};
+
+// ---------------------------------------------------------------------------
+// Validation
+// ---------------------------------------------------------------------------
+
+absl::Status CpuBackend::Validate(const StepBatch& batch, std::span<float> logits) {
+  const size_t num_seqs = batch.seqs.size();
+  if (logits.size() < num_seqs * c_.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logits has ", logits.size(),
+                     " floats, need num_seqs * vocab_size = ", num_seqs * c_.vocab_size));
+  }
+  int64_t total = 0;
+  for (size_t s = 0; s < num_seqs; ++s) {
+    const SequenceStep& seq = batch.seqs[s];
+    if (seq.num_tokens < 1 || seq.start_pos < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": num_tokens ",
+                                                     seq.num_tokens, " must be >= 1 and start_pos ",
+                                                     seq.start_pos, " >= 0"));
+    }
+    const int64_t end = int64_t{seq.start_pos} + seq.num_tokens;
+    if (end > c_.max_seq_len) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": positions up to ", end,
+                                                     " exceed the context of ", c_.max_seq_len));
+    }
+    const int64_t blocks_needed = (end + kv_.block_size - 1) / kv_.block_size;
+    if (static_cast<int64_t>(seq.block_table.size()) < blocks_needed) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", s, ": block table has ", seq.block_table.size(),
+                       " blocks, positions up to ", end, " need ", blocks_needed));
+    }
+    for (int64_t b = 0; b < blocks_needed; ++b) {
+      if (seq.block_table[b] < 0 || seq.block_table[b] >= kv_.num_blocks) {
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": block id ",
+                                                       seq.block_table[b], " out of range [0, ",
+                                                       kv_.num_blocks, ")"));
+      }
+    }
+    total += seq.num_tokens;
+  }
+  if (total != static_cast<int64_t>(batch.tokens.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequences hold ", total, " tokens, batch has ", batch.tokens.size()));
+  }
+  for (size_t t = 0; t < batch.tokens.size(); ++t) {
+    if (batch.tokens[t] < 0 || batch.tokens[t] >= c_.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("token ", t, " id ", batch.tokens[t],
+                                                     " out of range [0, ", c_.vocab_size, ")"));
+    }
+  }
+  // Two sequences writing one block would race and corrupt each other; a
+  // shared block that only one writes (a shared prefix) is fine.
+  absl::Status status = absl::OkStatus();
+  std::vector<int32_t> written;
+  for (size_t s = 0; s < num_seqs && status.ok(); ++s) {
+    const SequenceStep& seq = batch.seqs[s];
+    const int first = seq.start_pos / kv_.block_size;
+    const int last = (seq.start_pos + seq.num_tokens - 1) / kv_.block_size;
+    for (int b = first; b <= last; ++b) {
+      const int32_t block = seq.block_table[b];
+      if (block_owner_[block] == -1) {
+        block_owner_[block] = static_cast<int32_t>(s);
+        written.push_back(block);
+      } else if (block_owner_[block] != static_cast<int32_t>(s)) {
+        status = absl::InvalidArgumentError(absl::StrCat("sequences ", block_owner_[block], " and ",
+                                                         s, " both write block ", block));
+        break;
+      }
+    }
+  }
+  for (const int32_t block : written) block_owner_[block] = -1;
+  return status;
+}
+
+void CpuBackend::Resize(int num_tokens, int num_seqs) {
+  const size_t t = num_tokens;
+  auto grow = [](std::vector<float>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+  };
+  grow(x_, t * c_.dim);
+  grow(xb_, t * c_.dim);
+  grow(q_, t * c_.dim);
+  grow(k_, t * c_.kv_dim());
+  grow(v_, t * c_.kv_dim());
+  grow(att_, t * c_.dim);
+  grow(hb_, t * c_.hidden_dim);
+  grow(hb2_, t * c_.hidden_dim);
+  grow(last_, static_cast<size_t>(num_seqs) * c_.dim);
+  pos_.resize(t);
+  seq_.resize(t);
+}
+
+// ---------------------------------------------------------------------------
+// Attention
+// ---------------------------------------------------------------------------
+
+// One task per (token, query head): softmax(q . K / sqrt(head_size)) . V over
+// positions 0..pos of the token's own sequence. Each task reads only its own
+// row and cache blocks and runs in a fixed order, so the result does not
+// depend on the batch or on which thread runs it.
+void CpuBackend::Attention(const StepBatch& batch, int layer) {
+  const int num_tokens = static_cast<int>(batch.tokens.size());
+  const int hs = c_.head_dim(), dim = c_.dim, kv_dim = c_.kv_dim();
+  const int kv_mul = c_.n_heads / c_.n_kv_heads;  // query heads per KV head (GQA)
+  const int bs = kv_.block_size;
+  const float inv_sqrt = 1.0f / std::sqrt(static_cast<float>(hs));
+  auto task = [&](int task, int worker) {
+    const int t = task / c_.n_heads, h = task % c_.n_heads;
+    const int pos = pos_[t];
+    const std::span<const int32_t> table = batch.seqs[seq_[t]].block_table;
+    const float* q = q_.data() + static_cast<size_t>(t) * dim + h * hs;  // [head_size]
+    const int kv_offset = (h / kv_mul) * hs;
+    float* att = scores_.data() + static_cast<size_t>(worker) * c_.max_seq_len;  // [pos + 1]
+
+    float max_score = -INFINITY;
+    for (int b = 0; b * bs <= pos; ++b) {
+      const float* keys = Cache(table[b], layer, 0) + kv_offset;  // [block_size, kv_dim]
+      const int n = std::min(bs, pos + 1 - b * bs);
+      for (int o = 0; o < n; ++o) {
+        const float s = cpu::Dot(q, keys + static_cast<size_t>(o) * kv_dim, hs) * inv_sqrt;
+        att[b * bs + o] = s;
+        max_score = std::max(max_score, s);
+      }
+    }
+    const float inv_sum = 1.0f / simd::ExpShiftedInPlace(att, pos + 1, max_score, 1.0f);
+
+    float* out = att_.data() + static_cast<size_t>(t) * dim + h * hs;  // [head_size]
+    std::fill(out, out + hs, 0.0f);
+    for (int b = 0; b * bs <= pos; ++b) {
+      const float* values = Cache(table[b], layer, 1) + kv_offset;  // [block_size, kv_dim]
+      const int n = std::min(bs, pos + 1 - b * bs);
+      for (int o = 0; o < n; ++o) {
+        const float a = att[b * bs + o] * inv_sum;
+        const float* v = values + static_cast<size_t>(o) * kv_dim;
+        for (int i = 0; i < hs; ++i) out[i] += a * v[i];
+      }
+    }
+  };
+  // About 4 flops per cached position and head dimension; below ~64K a
+  // thread handoff costs more than it saves.
+  int64_t work = 0;
+  for (int t = 0; t < num_tokens; ++t) work += int64_t{pos_[t] + 1} * c_.dim * 4;
+  const int num_tasks = num_tokens * c_.n_heads;
+  if (work < (int64_t{1} << 16)) {
+    for (int i = 0; i < num_tasks; ++i) task(i, 0);
+  } else {
+    pool_.ParallelFor(num_tasks, task);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Step
+// ---------------------------------------------------------------------------
+
+absl::Status CpuBackend::Step(const StepBatch& batch, std::span<float> logits) {
+  if (absl::Status s = Validate(batch, logits); !s.ok()) return s;
+  const int num_tokens = static_cast<int>(batch.tokens.size());
+  const int num_seqs = static_cast<int>(batch.seqs.size());
+  if (num_tokens == 0) return absl::OkStatus();
+  Resize(num_tokens, num_seqs);
+  const ModelWeights& w = model_->weights;
+  const int dim = c_.dim, kv_dim = c_.kv_dim(), hidden = c_.hidden_dim, hs = c_.head_dim();
+  const int bs = kv_.block_size;
+  const float eps = c_.norm_eps;
+
+  // 1. Token positions and embeddings.
+  for (int s = 0, t = 0; s < num_seqs; ++s) {
+    for (int i = 0; i < batch.seqs[s].num_tokens; ++i, ++t) {
+      pos_[t] = batch.seqs[s].start_pos + i;
+      seq_[t] = s;
+      std::memcpy(&x_[static_cast<size_t>(t) * dim],
+                  &w.token_embedding[static_cast<size_t>(batch.tokens[t]) * dim],
+                  sizeof(float) * dim);
+    }
+  }
+
+  for (int l = 0; l < c_.n_layers; ++l) {
+    const LayerWeights& lw = w.layers[l];
+    // 2. Attention block: RMSNorm, Q/K/V projections over all rows at once.
+    for (int t = 0; t < num_tokens; ++t) {
+      cpu::RmsNorm(&x_[static_cast<size_t>(t) * dim], lw.attn_norm.data(), dim, eps,
+                   &xb_[static_cast<size_t>(t) * dim]);
+    }
+    cpu::Matmul(pool_, xb_.data(), dim, num_tokens, lw.wq.data(), dim, dim, q_.data(), dim);
+    cpu::Matmul(pool_, xb_.data(), dim, num_tokens, lw.wk.data(), kv_dim, dim, k_.data(), kv_dim);
+    cpu::Matmul(pool_, xb_.data(), dim, num_tokens, lw.wv.data(), kv_dim, dim, v_.data(), kv_dim);
+
+    // 3. RoPE on interleaved pairs of every head of q and k, then K and V
+    //    into the token's cache slot (K after rotation, as run.c caches it).
+    for (int t = 0; t < num_tokens; ++t) {
+      const float* cos = &rope_cos_[static_cast<size_t>(pos_[t]) * (hs / 2)];
+      const float* sin = &rope_sin_[static_cast<size_t>(pos_[t]) * (hs / 2)];
+      auto rotate = [&](float* vec, int width) {
+        for (int i = 0; i < width; i += 2) {
+          const int j = (i % hs) / 2;
+          const float v0 = vec[i], v1 = vec[i + 1];
+          vec[i] = v0 * cos[j] - v1 * sin[j];
+          vec[i + 1] = v0 * sin[j] + v1 * cos[j];
+        }
+      };
+      float* k = &k_[static_cast<size_t>(t) * kv_dim];
+      rotate(&q_[static_cast<size_t>(t) * dim], dim);
+      rotate(k, kv_dim);
+      const int32_t block = batch.seqs[seq_[t]].block_table[pos_[t] / bs];
+      const size_t slot = static_cast<size_t>(pos_[t] % bs) * kv_dim;
+      std::memcpy(Cache(block, l, 0) + slot, k, sizeof(float) * kv_dim);
+      std::memcpy(Cache(block, l, 1) + slot, &v_[static_cast<size_t>(t) * kv_dim],
+                  sizeof(float) * kv_dim);
+    }
+
+    // 4. Attention over each token's own sequence, output projection,
+    //    residual.
+    Attention(batch, l);
+    cpu::Matmul(pool_, att_.data(), dim, num_tokens, lw.wo.data(), dim, dim, xb_.data(), dim);
+    for (size_t i = 0; i < static_cast<size_t>(num_tokens) * dim; ++i) x_[i] += xb_[i];
+
+    // 5. SwiGLU feed-forward: w2(silu(w1 x) * w3 x), residual.
+    for (int t = 0; t < num_tokens; ++t) {
+      cpu::RmsNorm(&x_[static_cast<size_t>(t) * dim], lw.ffn_norm.data(), dim, eps,
+                   &xb_[static_cast<size_t>(t) * dim]);
+    }
+    cpu::Matmul(pool_, xb_.data(), dim, num_tokens, lw.w1.data(), hidden, dim, hb_.data(), hidden);
+    cpu::Matmul(pool_, xb_.data(), dim, num_tokens, lw.w3.data(), hidden, dim, hb2_.data(), hidden);
+    for (size_t i = 0; i < static_cast<size_t>(num_tokens) * hidden; ++i) {
+      const float g = hb_[i];
+      hb_[i] = g * (1.0f / (1.0f + std::exp(-g))) * hb2_[i];
+    }
+    cpu::Matmul(pool_, hb_.data(), hidden, num_tokens, lw.w2.data(), dim, hidden, xb_.data(), dim);
+    for (size_t i = 0; i < static_cast<size_t>(num_tokens) * dim; ++i) x_[i] += xb_[i];
+  }
+
+  // 6. Final norm and classifier, only for the row each sequence samples from.
+  for (int s = 0, t = 0; s < num_seqs; ++s) {
+    t += batch.seqs[s].num_tokens;
+    cpu::RmsNorm(&x_[static_cast<size_t>(t - 1) * dim], w.final_norm.data(), dim, eps,
+                 &last_[static_cast<size_t>(s) * dim]);
+  }
+  cpu::Matmul(pool_, last_.data(), dim, num_seqs, w.classifier.data(), c_.vocab_size, dim,
+              logits.data(), c_.vocab_size);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::shared_ptr<const Model> model,
+                                                          const CpuBackendOptions& options) {
+  if (model == nullptr) return absl::InvalidArgumentError("CreateCpuBackend: no model");
+  if (absl::Status s = ValidateModel(*model); !s.ok()) return s;
+  const KvCacheConfig& kv = options.kv_cache;
+  if (kv.block_size <= 0 || kv.num_blocks < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid KV cache: block_size ", kv.block_size,
+                                                   ", num_blocks ", kv.num_blocks));
+  }
+  int threads = options.threads;
+  if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
+  threads = std::max(threads, 1);
+
+  const int64_t bytes = KvBlockBytes(model->config, kv.block_size) * kv.num_blocks;
+  // calloc of a large size maps fresh zero pages: no time spent touching a
+  // pool that may be gigabytes, and never-written slots read as 0, not NaN.
+  std::unique_ptr<float[], FreeDeleter> cache(
+      static_cast<float*>(std::calloc(std::max<int64_t>(bytes, 4) / 4, sizeof(float))));
+  if (cache == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", bytes, " bytes for ", kv.num_blocks, " KV blocks"));
+  }
+  return std::unique_ptr<Backend>(new CpuBackend(std::move(model), kv, threads, std::move(cache)));
+}
+
+}  // namespace coalesce::engine

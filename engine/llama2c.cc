@@ -1,0 +1,404 @@
+#include "engine/llama2c.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <queue>
+#include <unordered_map>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace coalesce::engine {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Checkpoint
+// ---------------------------------------------------------------------------
+
+// run.c's Config: seven little-endian int32 fields at the start of the file.
+struct Llama2cHeader {
+  int32_t dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len;
+};
+static_assert(sizeof(Llama2cHeader) == 28);
+
+// A read-only private mapping of a whole file, unmapped with the last owner.
+absl::StatusOr<std::shared_ptr<const void>> MapFile(const std::string& path, size_t* size) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    const std::string message = absl::StrCat("cannot open ", path, ": ", std::strerror(err));
+    if (err == ENOENT) return absl::NotFoundError(message);
+    if (err == EACCES) return absl::PermissionDeniedError(message);
+    return absl::InternalError(message);
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::InternalError(absl::StrCat("cannot stat ", path, ": ", std::strerror(err)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
+  *size = static_cast<size_t>(st.st_size);
+  if (*size < sizeof(Llama2cHeader)) {
+    close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": file too short for a llama2.c header (", *size, " bytes, need 28)"));
+  }
+  void* data = mmap(nullptr, *size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int err = errno;
+  close(fd);  // the mapping keeps its own reference to the file
+  if (data == MAP_FAILED) {
+    return absl::InternalError(absl::StrCat("cannot mmap ", path, ": ", std::strerror(err)));
+  }
+  const size_t length = *size;
+  return std::shared_ptr<const void>(
+      data, [length](const void* p) { munmap(const_cast<void*>(p), length); });
+}
+
+}  // namespace
+
+absl::StatusOr<Model> LoadLlama2cModel(const std::string& path) {
+  size_t file_size = 0;
+  auto mapped = MapFile(path, &file_size);
+  if (!mapped.ok()) return mapped.status();
+  Model model;
+  model.storage = *std::move(mapped);
+
+  Llama2cHeader h;
+  std::memcpy(&h, model.storage.get(), sizeof(h));
+  const bool tied = h.vocab_size > 0;
+  const int64_t vocab = h.vocab_size >= 0 ? int64_t{h.vocab_size} : -int64_t{h.vocab_size};
+  if (h.dim <= 0 || h.hidden_dim <= 0 || h.n_layers <= 0 || h.n_heads <= 0 || h.n_kv_heads <= 0 ||
+      vocab == 0 || h.seq_len <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": invalid llama2.c header (dim=", h.dim, " hidden_dim=", h.hidden_dim,
+                     " n_layers=", h.n_layers, " n_heads=", h.n_heads, " n_kv_heads=", h.n_kv_heads,
+                     " vocab_size=", h.vocab_size, " seq_len=", h.seq_len,
+                     "): every field must be non-zero", " and all but vocab_size positive"));
+  }
+  if (h.dim % h.n_heads != 0 || h.n_heads % h.n_kv_heads != 0 || (h.dim / h.n_heads) % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": inconsistent llama2.c header: dim (", h.dim, ") must be a multiple of n_heads (",
+        h.n_heads, ") with an even head size, and n_heads a multiple of n_kv_heads (", h.n_kv_heads,
+        ")"));
+  }
+
+  ModelConfig& c = model.config;
+  c.name = std::filesystem::path(path).stem().string();
+  c.architecture = "llama";
+  c.source = path;
+  c.synthetic = false;
+  c.dim = h.dim;
+  c.hidden_dim = h.hidden_dim;
+  c.n_layers = h.n_layers;
+  c.n_heads = h.n_heads;
+  c.n_kv_heads = h.n_kv_heads;
+  c.vocab_size = static_cast<int>(vocab);
+  c.max_seq_len = h.seq_len;
+  model.config.tied_classifier = tied;
+
+  // The float count run.c's memory_map_weights walks, in 128 bits: header
+  // fields up to 2^31 multiply past 64.
+  const int64_t dim = c.dim, hidden = c.hidden_dim, layers = c.n_layers;
+  const int64_t kv_dim = c.kv_dim(), head_size = c.head_dim();
+  const int64_t freq_cis = int64_t{h.seq_len} * head_size / 2 * 2;  // legacy RoPE tables
+  using Wide = __int128;
+  const Wide per_layer =
+      Wide{2} * dim + Wide{2} * dim * dim + Wide{2} * kv_dim * dim + Wide{3} * hidden * dim;
+  const Wide num_floats = Wide{vocab} * dim * (tied ? 1 : 2) + per_layer * layers + dim + freq_cis;
+  const Wide need = static_cast<Wide>(sizeof(Llama2cHeader)) + num_floats * 4;
+  if (static_cast<Wide>(file_size) < need) {
+    const std::string need_text = need <= std::numeric_limits<int64_t>::max()
+                                      ? absl::StrCat(static_cast<int64_t>(need))
+                                      : std::string("more than 2^63");
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": file too short for its header: ", file_size, " bytes, but dim=", c.dim,
+        " hidden_dim=", c.hidden_dim, " n_layers=", c.n_layers, " n_heads=", c.n_heads,
+        " n_kv_heads=", c.n_kv_heads, " vocab_size=", h.vocab_size, " seq_len=", h.seq_len,
+        " need ", need_text, " bytes"));
+  }
+
+  // The header is 28 bytes, so the floats that follow are 4-byte aligned
+  // within the page-aligned mapping.
+  const float* p = reinterpret_cast<const float*>(static_cast<const char*>(model.storage.get()) +
+                                                  sizeof(Llama2cHeader));
+  auto take = [&p](int64_t n) {
+    std::span<const float> s(p, static_cast<size_t>(n));
+    p += n;
+    return s;
+  };
+  ModelWeights& w = model.weights;
+  w.token_embedding = take(vocab * dim);
+  // run.c stores each kind of tensor for all layers together.
+  const auto rms_att = take(layers * dim);
+  const auto wq = take(layers * dim * dim);
+  const auto wk = take(layers * kv_dim * dim);
+  const auto wv = take(layers * kv_dim * dim);
+  const auto wo = take(layers * dim * dim);
+  const auto rms_ffn = take(layers * dim);
+  const auto w1 = take(layers * hidden * dim);
+  const auto w2 = take(layers * dim * hidden);
+  const auto w3 = take(layers * hidden * dim);
+  w.final_norm = take(dim);
+  take(freq_cis);
+  w.classifier = tied ? w.token_embedding : take(vocab * dim);
+  w.layers.resize(c.n_layers);
+  for (int64_t l = 0; l < layers; ++l) {
+    LayerWeights& lw = w.layers[l];
+    lw.attn_norm = rms_att.subspan(l * dim, dim);
+    lw.wq = wq.subspan(l * dim * dim, dim * dim);
+    lw.wk = wk.subspan(l * kv_dim * dim, kv_dim * dim);
+    lw.wv = wv.subspan(l * kv_dim * dim, kv_dim * dim);
+    lw.wo = wo.subspan(l * dim * dim, dim * dim);
+    lw.ffn_norm = rms_ffn.subspan(l * dim, dim);
+    lw.w1 = w1.subspan(l * hidden * dim, hidden * dim);
+    lw.w2 = w2.subspan(l * dim * hidden, dim * hidden);
+    lw.w3 = w3.subspan(l * hidden * dim, hidden * dim);
+  }
+  return model;
+}
+
+// ---------------------------------------------------------------------------
+// Tokenizer
+// ---------------------------------------------------------------------------
+
+namespace {
+
+// Hash and equality that accept std::string_view, so lookups of a piece do not
+// allocate a std::string.
+struct PieceHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
+};
+struct PieceEq {
+  using is_transparent = void;
+  bool operator()(std::string_view a, std::string_view b) const { return a == b; }
+};
+
+// The byte a "<0xXX>" piece stands for, or -1.
+int BytePieceValue(std::string_view piece) {
+  if (piece.size() != 6 || piece.substr(0, 3) != "<0x" || piece[5] != '>') return -1;
+  int value = 0;
+  for (const char ch : piece.substr(3, 2)) {
+    int digit;
+    if (ch >= '0' && ch <= '9') {
+      digit = ch - '0';
+    } else if (ch >= 'A' && ch <= 'F') {
+      digit = ch - 'A' + 10;
+    } else if (ch >= 'a' && ch <= 'f') {
+      digit = ch - 'a' + 10;
+    } else {
+      return -1;
+    }
+    value = value * 16 + digit;
+  }
+  return value;
+}
+
+constexpr int32_t kUnkId = 0;
+constexpr int32_t kBosId = 1;
+constexpr int32_t kEosId = 2;
+// run.c starts its best-merge search at -1e10: pairs scoring no higher never
+// merge.
+constexpr float kNoMergeScore = -1e10f;
+
+}  // namespace
+
+struct Llama2cTokenizer::Impl {
+  std::vector<std::string> pieces;  // [vocab_size]
+  std::vector<float> scores;        // [vocab_size]
+  std::vector<int16_t> byte_value;  // [vocab_size]: the byte of a <0xXX> piece, or -1
+  // Piece -> id. With duplicate pieces the lowest id wins.
+  std::unordered_map<std::string, int32_t, PieceHash, PieceEq> ids;
+  int32_t space_id = -1;  // the dummy-prefix piece " "
+  std::vector<int32_t> eos = {kBosId, kEosId};
+
+  int32_t Lookup(std::string_view piece) const {
+    auto it = ids.find(piece);
+    return it == ids.end() ? -1 : it->second;
+  }
+};
+
+Llama2cTokenizer::Llama2cTokenizer(std::vector<std::string> pieces, std::vector<float> scores) {
+  auto impl = std::make_shared<Impl>();
+  scores.resize(pieces.size(), 0.0f);
+  impl->pieces = std::move(pieces);
+  impl->scores = std::move(scores);
+  impl->byte_value.resize(impl->pieces.size());
+  impl->ids.reserve(impl->pieces.size());
+  for (size_t i = 0; i < impl->pieces.size(); ++i) {
+    impl->byte_value[i] = static_cast<int16_t>(BytePieceValue(impl->pieces[i]));
+    impl->ids.emplace(impl->pieces[i], static_cast<int32_t>(i));  // keeps the first id
+  }
+  impl->space_id = impl->Lookup(" ");
+  impl_ = std::move(impl);
+}
+
+int Llama2cTokenizer::vocab_size() const { return static_cast<int>(impl_->pieces.size()); }
+
+std::span<const int32_t> Llama2cTokenizer::eos_ids() const { return impl_->eos; }
+
+const std::string& Llama2cTokenizer::piece(int32_t id) const {
+  static const std::string* const kNone = new std::string();
+  return id >= 0 && id < vocab_size() ? impl_->pieces[id] : *kNone;  // no exceptions
+}
+
+std::string Llama2cTokenizer::TokenBytes(int32_t prev, int32_t token) const {
+  const Impl& t = *impl_;
+  if (token < 0 || token >= vocab_size() || token == kUnkId || token == kBosId || token == kEosId) {
+    return "";
+  }
+  if (t.byte_value[token] >= 0) return std::string(1, static_cast<char>(t.byte_value[token]));
+  std::string_view piece = t.pieces[token];
+  // SentencePiece's dummy prefix: the first piece after BOS lost its space.
+  if (prev == kBosId && !piece.empty() && piece[0] == ' ') piece.remove_prefix(1);
+  return std::string(piece);
+}
+
+std::vector<int32_t> Llama2cTokenizer::Encode(std::string_view text,
+                                              bool add_special_tokens) const {
+  const Impl& t = *impl_;
+  std::vector<int32_t> tokens;
+  tokens.reserve(text.size() + 2);
+  if (add_special_tokens) tokens.push_back(kBosId);
+  auto push_bytes = [&](std::string_view bytes) {
+    for (const char ch : bytes) tokens.push_back(static_cast<uint8_t>(ch) + 3);
+  };
+  if (!text.empty()) {
+    // run.c would push -1 for a vocabulary without " "; fall back to its byte.
+    if (t.space_id >= 0) {
+      tokens.push_back(t.space_id);
+    } else {
+      push_bytes(" ");
+    }
+  }
+
+  // 1. One token per UTF-8 character as run.c splits them: a lead byte and up
+  //    to three continuation bytes; characters not in the vocabulary become
+  //    their byte tokens. Invalid UTF-8 splits the same way and falls back to
+  //    bytes, so any input encodes.
+  auto is_continuation = [](char ch) { return (static_cast<uint8_t>(ch) & 0xC0) == 0x80; };
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = start + 1;
+    while (end < text.size() && is_continuation(text[end]) && end - start < 4) ++end;
+    const std::string_view ch = text.substr(start, end - start);
+    const int32_t id = t.Lookup(ch);
+    if (id >= 0) {
+      tokens.push_back(id);
+    } else {
+      push_bytes(ch);
+    }
+    start = end;
+  }
+
+  // 2. Merge the adjacent pair whose concatenation scores highest (leftmost
+  //    on ties) until none is in the vocabulary. run.c rescans all pairs per
+  //    merge (quadratic); a max-heap over candidate pairs with lazy deletion
+  //    makes the same choices, because a pair's rank depends only on its score
+  //    and the position of its left token, and list order is position order.
+  const int n = static_cast<int>(tokens.size());
+  if (n < 2) return tokens;
+  std::vector<int> next(n), prev(n);
+  std::vector<uint32_t> version(n, 0);  // bumps when a node changes or dies
+  for (int i = 0; i < n; ++i) {
+    next[i] = i + 1 < n ? i + 1 : -1;
+    prev[i] = i - 1;
+  }
+  struct Candidate {
+    float score;
+    int left, right;
+    uint32_t left_version, right_version;
+    int32_t merged;
+  };
+  auto worse = [](const Candidate& a, const Candidate& b) {
+    if (a.score != b.score) return a.score < b.score;
+    return a.left > b.left;
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, decltype(worse)> heap(worse);
+  std::string buffer;
+  auto consider = [&](int left, int right) {
+    if (left < 0 || right < 0) return;
+    buffer.assign(t.pieces[tokens[left]]);
+    buffer.append(t.pieces[tokens[right]]);
+    const int32_t id = t.Lookup(buffer);
+    if (id < 0 || !(t.scores[id] > kNoMergeScore)) return;
+    heap.push({t.scores[id], left, right, version[left], version[right], id});
+  };
+  for (int i = 0; i + 1 < n; ++i) consider(i, i + 1);
+  while (!heap.empty()) {
+    const Candidate c = heap.top();
+    heap.pop();
+    if (version[c.left] != c.left_version || version[c.right] != c.right_version ||
+        next[c.left] != c.right) {
+      continue;  // stale: one side merged since
+    }
+    tokens[c.left] = c.merged;
+    ++version[c.left];
+    ++version[c.right];  // the right node is gone
+    next[c.left] = next[c.right];
+    if (next[c.right] >= 0) prev[next[c.right]] = c.left;
+    next[c.right] = -1;
+    consider(prev[c.left], c.left);
+    consider(c.left, next[c.left]);
+  }
+  std::vector<int32_t> out;
+  out.reserve(n);
+  for (int i = 0; i >= 0; i = next[i]) out.push_back(tokens[i]);
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Llama2cTokenizer>> LoadLlama2cTokenizer(const std::string& path,
+                                                                       int vocab_size) {
+  if (vocab_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": vocab_size must be positive, got ", vocab_size));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t offset = 0;
+  auto read = [&](void* dst, size_t n) {
+    if (data.size() - offset < n) return false;
+    std::memcpy(dst, data.data() + offset, n);
+    offset += n;
+    return true;
+  };
+  int32_t max_token_length = 0;
+  if (!read(&max_token_length, 4)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": file too short for a tokenizer"));
+  }
+  std::vector<std::string> pieces(vocab_size);
+  std::vector<float> scores(vocab_size);
+  for (int i = 0; i < vocab_size; ++i) {
+    int32_t length = 0;
+    if (!read(&scores[i], 4) || !read(&length, 4)) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": file ends at token ", i, " of ",
+                                                     vocab_size, " (vocab_size from the model)"));
+    }
+    if (length < 0 || static_cast<size_t>(length) > data.size() - offset) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": token ", i, " has invalid length ", length));
+    }
+    pieces[i].assign(data.data() + offset, length);
+    offset += length;
+  }
+  return std::make_unique<Llama2cTokenizer>(std::move(pieces), std::move(scores));
+}
+
+}  // namespace coalesce::engine
