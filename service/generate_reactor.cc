@@ -163,6 +163,8 @@ void GenerateReactor::OnCancel() {
   constexpr auto kDeadlineSlack = std::chrono::milliseconds(200);
   const bool past_deadline =
       context_->deadline() - kDeadlineSlack <= std::chrono::system_clock::now();
+  LogF(LogLevel::kDebug, "request %d (%s): %s", id, request_id_,
+       past_deadline ? "deadline passed" : "cancelled by the client");
   loop_->Cancel(id, past_deadline
                         ? absl::DeadlineExceededError("the request's deadline passed")
                         : absl::CancelledError("the client cancelled the request"));
