@@ -12,8 +12,7 @@ namespace coalesce::batcher {
 // A request from admission to its last token. Owned by the loop thread once
 // it leaves the inbox.
 struct EngineLoop::Sequence {
-  Sequence(uint64_t id, GenerationRequest req, std::shared_ptr<OutputSink> out,
-           int blocks)
+  Sequence(uint64_t id, GenerationRequest req, std::shared_ptr<OutputSink> out, int blocks)
       : id(id),
         request(std::move(req)),
         sink(std::move(out)),
@@ -35,10 +34,8 @@ struct EngineLoop::Sequence {
   bool done = false;
 };
 
-EngineLoop::EngineLoop(engine::Backend* backend,
-                       const engine::Tokenizer* tokenizer,
-                       EngineLoopOptions options, const Clock* clock,
-                       LoopObserver* observer)
+EngineLoop::EngineLoop(engine::Backend* backend, const engine::Tokenizer* tokenizer,
+                       EngineLoopOptions options, const Clock* clock, LoopObserver* observer)
     : backend_(backend),
       tokenizer_(tokenizer),
       options_(options),
@@ -63,16 +60,14 @@ absl::StatusOr<uint64_t> EngineLoop::Submit(GenerationRequest request,
   const int blocks = BlocksForTokens(tokens, block_size_);
   if (blocks > blocks_.num_total()) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "the request needs ", tokens, " tokens of KV cache (prompt ",
-        request.prompt.size(), " + max_new_tokens ", request.max_new_tokens,
-        ") but the server's cache holds ", blocks_.num_total() * block_size_,
-        " tokens; lower max_new_tokens or shorten the prompt"));
+        "the request needs ", tokens, " tokens of KV cache (prompt ", request.prompt.size(),
+        " + max_new_tokens ", request.max_new_tokens, ") but the server's cache holds ",
+        blocks_.num_total() * block_size_, " tokens; lower max_new_tokens or shorten the prompt"));
   }
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the server is shutting down");
   const uint64_t id = next_id_++;
-  inbox_.push_back(std::make_unique<Sequence>(id, std::move(request),
-                                              std::move(sink), blocks));
+  inbox_.push_back(std::make_unique<Sequence>(id, std::move(request), std::move(sink), blocks));
   return id;
 }
 
@@ -105,9 +100,7 @@ QueueStats EngineLoop::queue_stats() const {
   return published_;
 }
 
-bool EngineLoop::HasWork() const {
-  return stopping_ || !inbox_.empty() || !cancels_.empty();
-}
+bool EngineLoop::HasWork() const { return stopping_ || !inbox_.empty() || !cancels_.empty(); }
 
 // ---------------------------------------------------------------------------
 // The loop
@@ -142,8 +135,7 @@ void EngineLoop::Run() {
     // 2. Cancelled requests leave now, waiting or running.
     for (auto& [id, status] : cancels) {
       auto matches = [id = id](const std::unique_ptr<Sequence>& s) { return s->id == id; };
-      if (auto it = std::find_if(waiting_.begin(), waiting_.end(), matches);
-          it != waiting_.end()) {
+      if (auto it = std::find_if(waiting_.begin(), waiting_.end(), matches); it != waiting_.end()) {
         FinishWithError(**it, status);
         waiting_.erase(it);
       } else if (auto jt = std::find_if(running_.begin(), running_.end(), matches);
@@ -169,17 +161,15 @@ void EngineLoop::Iterate(absl::Time now) {
   for (const auto& seq : waiting_) {
     waiting.push_back({seq->id, seq->request.arrival, seq->blocks_needed});
   }
-  const QueueState state{waiting, static_cast<int>(running_.size()),
-                         blocks_.num_free()};
+  const QueueState state{waiting, static_cast<int>(running_.size()), blocks_.num_free()};
   const Decision decision = scheduler_.Schedule(state, now);
   reconsider_at_ = decision.reconsider_at;
   Admit(decision, now);
 
   if (options_.log_steps && !waiting.empty()) {
-    LogF(LogLevel::kDebug,
-         "schedule: waiting=%d running=%d free_blocks=%d admitted=%d hold=%s",
-         waiting.size(), state.running, state.free_blocks,
-         decision.admit.size(), HoldReasonName(decision.hold));
+    LogF(LogLevel::kDebug, "schedule: waiting=%d running=%d free_blocks=%d admitted=%d hold=%s",
+         waiting.size(), state.running, state.free_blocks, decision.admit.size(),
+         HoldReasonName(decision.hold));
   }
   if (!running_.empty()) RunStep();
   PublishQueueStats();
@@ -217,14 +207,13 @@ void EngineLoop::RunStep() {
   logits_.resize(static_cast<size_t>(stats.num_seqs) * vocab);
 
   const absl::Time start = absl::Now();
-  const absl::Status status =
-      backend_->Step({step_tokens_, step_seqs_}, std::span<float>(logits_));
+  const absl::Status status = backend_->Step({step_tokens_, step_seqs_}, std::span<float>(logits_));
   stats.duration = absl::Now() - start;
   if (!status.ok()) {
     Log(LogLevel::kError, absl::StrCat("engine step failed: ", status.ToString()));
     for (auto& seq : running_) {
-      FinishWithError(*seq, absl::InternalError(absl::StrCat(
-                                "engine step failed: ", status.message())));
+      FinishWithError(*seq,
+                      absl::InternalError(absl::StrCat("engine step failed: ", status.message())));
     }
     running_.clear();
     return;
@@ -238,9 +227,8 @@ void EngineLoop::RunStep() {
   for (size_t i = 0; i < running_.size(); ++i) {
     Sequence& seq = *running_[i];
     seq.num_cached += step_seqs_[i].num_tokens;
-    const int32_t token = engine::Sample(
-        std::span<const float>(logits_).subspan(i * vocab, vocab),
-        seq.request.sampling, seq.rng);
+    const int32_t token = engine::Sample(std::span<const float>(logits_).subspan(i * vocab, vocab),
+                                         seq.request.sampling, seq.rng);
     seq.tokens.push_back(token);
     ++seq.generated;
     if (observer_ != nullptr) {
@@ -289,8 +277,7 @@ void EngineLoop::Finish(Sequence& seq, StreamUpdate update) {
   RequestSummary summary;
   summary.status = update.status.ok()
                        ? "ok"
-                       : absl::AsciiStrToLower(
-                             absl::StatusCodeToString(update.status.code()));
+                       : absl::AsciiStrToLower(absl::StatusCodeToString(update.status.code()));
   summary.prompt_tokens = update.prompt_tokens;
   summary.completion_tokens = update.completion_tokens;
   summary.duration = clock_->Now() - seq.request.arrival;

@@ -47,8 +47,7 @@ class EngineLoop {
   // `backend`, `tokenizer`, `clock` and `observer` must outlive the loop.
   // `observer` may be null.
   EngineLoop(engine::Backend* backend, const engine::Tokenizer* tokenizer,
-             EngineLoopOptions options, const Clock* clock,
-             LoopObserver* observer);
+             EngineLoopOptions options, const Clock* clock, LoopObserver* observer);
   ~EngineLoop();  // Stop()s
 
   void Start();
@@ -57,8 +56,7 @@ class EngineLoop {
   // update to `sink` exactly once; the returned id names it for Cancel. On
   // error nothing was queued and `sink` is never called: UNAVAILABLE after
   // Stop, RESOURCE_EXHAUSTED when it could never fit the KV cache.
-  absl::StatusOr<uint64_t> Submit(GenerationRequest request,
-                                  std::shared_ptr<OutputSink> sink);
+  absl::StatusOr<uint64_t> Submit(GenerationRequest request, std::shared_ptr<OutputSink> sink);
 
   // Ends the request within one step with `status` (e.g. CANCELLED): its
   // slot and blocks are freed and its sink gets a final update. Unknown or

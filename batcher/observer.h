@@ -10,9 +10,9 @@
 namespace coalesce::batcher {
 
 struct StepStats {
-  int num_seqs = 0;        // sequences in the step
-  int prefill_tokens = 0;  // prompt tokens processed
-  int decode_tokens = 0;   // one per decoding sequence
+  int num_seqs = 0;         // sequences in the step
+  int prefill_tokens = 0;   // prompt tokens processed
+  int decode_tokens = 0;    // one per decoding sequence
   absl::Duration duration;  // time in Backend::Step
 };
 

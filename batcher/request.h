@@ -13,8 +13,8 @@
 namespace coalesce::batcher {
 
 struct GenerationRequest {
-  std::string request_id;         // the caller's, for logs
-  std::vector<int32_t> prompt;    // token ids, BOS included if wanted
+  std::string request_id;       // the caller's, for logs
+  std::vector<int32_t> prompt;  // token ids, BOS included if wanted
   int max_new_tokens = 16;
   engine::SamplingParams sampling;
   uint64_t seed = 0;              // the request's own random generator

@@ -33,7 +33,7 @@ namespace coalesce::batcher {
 enum class BatchingMode { kContinuous, kStatic };
 
 struct SchedulerConfig {
-  int max_batch_size = 16;               // sequences in one engine step
+  int max_batch_size = 16;  // sequences in one engine step
   absl::Duration batch_window = absl::Milliseconds(5);
   BatchingMode mode = BatchingMode::kContinuous;
 };

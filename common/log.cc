@@ -19,8 +19,7 @@ bool LogEnabled(LogLevel level) { return static_cast<int>(level) >= g_level; }
 void Log(LogLevel level, std::string_view message) {
   if (!LogEnabled(level)) return;
   static constexpr char kLetters[] = {'D', 'I', 'W', 'E'};
-  std::string line = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(),
-                                      absl::UTCTimeZone());
+  std::string line = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone());
   line += ' ';
   line += kLetters[static_cast<int>(level)];
   line += ' ';

@@ -16,8 +16,7 @@ void Log(LogLevel level, std::string_view message);
 
 // LogF(LogLevel::kInfo, "loaded %s in %.1f s", name, seconds);
 template <typename... Args>
-void LogF(LogLevel level, const absl::FormatSpec<Args...>& format,
-          const Args&... args) {
+void LogF(LogLevel level, const absl::FormatSpec<Args...>& format, const Args&... args) {
   if (LogEnabled(level)) Log(level, absl::StrFormat(format, args...));
 }
 

@@ -8,10 +8,10 @@
 #define COALESCE_CONCAT_(a, b) COALESCE_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` yields a non-OK absl::Status.
-#define RETURN_IF_ERROR(expr)                   \
-  do {                                          \
-    ::absl::Status _status = (expr);            \
-    if (!_status.ok()) return _status;          \
+#define RETURN_IF_ERROR(expr)          \
+  do {                                 \
+    ::absl::Status _status = (expr);   \
+    if (!_status.ok()) return _status; \
   } while (0)
 
 // `ASSIGN_OR_RETURN(auto x, MakeX());` binds the value of an OK StatusOr, or

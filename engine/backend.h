@@ -17,8 +17,8 @@ namespace coalesce::engine {
 // The paged KV cache: `num_blocks` blocks of `block_size` token positions,
 // each holding K and V for every layer.
 struct KvCacheConfig {
-  int block_size = 16;   // token positions per block
-  int num_blocks = 0;    // blocks in the pool
+  int block_size = 16;  // token positions per block
+  int num_blocks = 0;   // blocks in the pool
 };
 
 // Bytes one KV block takes for `config` (K and V, all layers, float32).

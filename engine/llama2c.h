@@ -30,8 +30,7 @@ class Llama2cTokenizer : public Tokenizer {
   int32_t bos_id() const override { return 1; }
   // run.c stops on BOS; </s> (2) ends a sequence too.
   std::span<const int32_t> eos_ids() const override;
-  std::vector<int32_t> Encode(std::string_view text,
-                              bool add_special_tokens) const override;
+  std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens) const override;
   std::string TokenBytes(int32_t prev, int32_t token) const override;
 
   const std::string& piece(int32_t id) const;
@@ -43,7 +42,7 @@ class Llama2cTokenizer : public Tokenizer {
 };
 
 // Reads tokenizer.bin; `vocab_size` comes from the model header.
-absl::StatusOr<std::unique_ptr<Llama2cTokenizer>> LoadLlama2cTokenizer(
-    const std::string& path, int vocab_size);
+absl::StatusOr<std::unique_ptr<Llama2cTokenizer>> LoadLlama2cTokenizer(const std::string& path,
+                                                                       int vocab_size);
 
 }  // namespace coalesce::engine

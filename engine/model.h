@@ -12,20 +12,20 @@
 namespace coalesce::engine {
 
 struct ModelConfig {
-  std::string name;                   // "stories260K", "synthetic:15m", ...
+  std::string name;                    // "stories260K", "synthetic:15m", ...
   std::string architecture = "llama";  // what GetModelInfo reports
-  std::string source;                 // path it was loaded from, or "embedded"
-  bool synthetic = false;             // random weights: output is not language
-  int dim = 0;                        // model width (hidden size)
-  int hidden_dim = 0;                 // SwiGLU inner width
+  std::string source;                  // path it was loaded from, or "embedded"
+  bool synthetic = false;              // random weights: output is not language
+  int dim = 0;                         // model width (hidden size)
+  int hidden_dim = 0;                  // SwiGLU inner width
   int n_layers = 0;
-  int n_heads = 0;                    // query heads
-  int n_kv_heads = 0;                 // key/value heads (GQA when < n_heads)
+  int n_heads = 0;     // query heads
+  int n_kv_heads = 0;  // key/value heads (GQA when < n_heads)
   int vocab_size = 0;
-  int max_seq_len = 0;                // context length in tokens
+  int max_seq_len = 0;  // context length in tokens
   float rope_theta = 10000.0f;
-  float norm_eps = 1e-5f;             // RMSNorm epsilon
-  bool tied_classifier = false;       // the classifier is the token embedding
+  float norm_eps = 1e-5f;        // RMSNorm epsilon
+  bool tied_classifier = false;  // the classifier is the token embedding
 
   int head_dim() const { return dim / n_heads; }
   int kv_dim() const { return n_kv_heads * head_dim(); }

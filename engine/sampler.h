@@ -30,7 +30,6 @@ class Rng {
 // the top_k most likely, keep the smallest prefix (by descending probability)
 // whose mass reaches top_p, renormalise, draw. Greedy ignores top_k/top_p and
 // draws nothing from `rng`.
-int32_t Sample(std::span<const float> logits, const SamplingParams& params,
-               Rng& rng);
+int32_t Sample(std::span<const float> logits, const SamplingParams& params, Rng& rng);
 
 }  // namespace coalesce::engine

@@ -21,8 +21,7 @@ class Tokenizer {
   virtual std::span<const int32_t> eos_ids() const = 0;
 
   // Encodes `text`; with `add_special_tokens` the BOS token comes first.
-  virtual std::vector<int32_t> Encode(std::string_view text,
-                                      bool add_special_tokens) const = 0;
+  virtual std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens) const = 0;
 
   // The raw bytes `token` stands for when it follows `prev` (-1: none). May be
   // part of a UTF-8 character (byte-fallback tokens). Control tokens (BOS,
@@ -32,8 +31,7 @@ class Tokenizer {
 
 // Decodes `ids` to valid UTF-8 (invalid or incomplete byte sequences become
 // U+FFFD). `prev` is the token before ids[0], or -1.
-std::string Decode(const Tokenizer& tokenizer, std::span<const int32_t> ids,
-                   int32_t prev = -1);
+std::string Decode(const Tokenizer& tokenizer, std::span<const int32_t> ids, int32_t prev = -1);
 
 // Turns a stream of bytes into a stream of valid UTF-8: Push returns the
 // longest complete prefix of what it has seen and keeps an incomplete

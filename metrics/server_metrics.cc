@@ -12,23 +12,17 @@ using prometheus::Histogram;
 // range its quantity lives in: an inter-token gap of 0.5 ms and a queue wait
 // of 30 s both need resolution.
 const Histogram::BucketBoundaries kQueueWaitBuckets = {
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-    0.5,    1,     2.5,    5,     10,   30,    60,   120};
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
 const Histogram::BucketBoundaries kFirstTokenBuckets = {
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-    0.5,   1,      2.5,   5,    10,    30,   60,  120};
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
 const Histogram::BucketBoundaries kInterTokenBuckets = {
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
-    0.025,  0.05,    0.1,    0.25,  0.5,    1,     2.5};
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5};
 const Histogram::BucketBoundaries kRequestDurationBuckets = {
-    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,   2.5,
-    5,    10,    30,   60,  120,  300, 600, 1800};
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800};
 const Histogram::BucketBoundaries kStepDurationBuckets = {
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
-    0.025,  0.05,    0.1,    0.25,  0.5,    1,     2.5, 10};
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10};
 // Sequences per engine step: powers of two up to the largest batch we allow.
-const Histogram::BucketBoundaries kBatchSizeBuckets = {1,  2,  4,   8,  16,
-                                                       32, 64, 128, 256};
+const Histogram::BucketBoundaries kBatchSizeBuckets = {1, 2, 4, 8, 16, 32, 64, 128, 256};
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
@@ -109,9 +103,8 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry)
                           .Register(*registry_)
                           .Add({})) {
   // Create the usual outcomes up front so that rate() sees them from zero.
-  for (std::string_view status :
-       {"ok", "cancelled", "deadline_exceeded", "invalid_argument",
-        "resource_exhausted", "unavailable", "internal"}) {
+  for (std::string_view status : {"ok", "cancelled", "deadline_exceeded", "invalid_argument",
+                                  "resource_exhausted", "unavailable", "internal"}) {
     RequestsWithStatus(status);
   }
 }
@@ -136,9 +129,8 @@ void ServerMetrics::OnQueue(const batcher::QueueStats& stats) {
   const int used = stats.total_kv_blocks - stats.free_kv_blocks;
   kv_blocks_free_.Set(stats.free_kv_blocks);
   kv_blocks_used_.Set(used);
-  kv_usage_ratio_.Set(stats.total_kv_blocks > 0
-                          ? static_cast<double>(used) / stats.total_kv_blocks
-                          : 0.0);
+  kv_usage_ratio_.Set(stats.total_kv_blocks > 0 ? static_cast<double>(used) / stats.total_kv_blocks
+                                                : 0.0);
 }
 
 void ServerMetrics::OnAdmitted(absl::Duration queue_wait) {
@@ -149,9 +141,7 @@ void ServerMetrics::OnFirstToken(absl::Duration ttft) {
   time_to_first_token_.Observe(Seconds(ttft));
 }
 
-void ServerMetrics::OnInterToken(absl::Duration gap) {
-  inter_token_latency_.Observe(Seconds(gap));
-}
+void ServerMetrics::OnInterToken(absl::Duration gap) { inter_token_latency_.Observe(Seconds(gap)); }
 
 void ServerMetrics::OnFinished(const batcher::RequestSummary& summary) {
   RequestsWithStatus(summary.status).Increment();

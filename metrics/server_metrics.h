@@ -61,9 +61,9 @@ class MetricsEndpoint {
  public:
   // `address` is "host:port"; port 0 picks a free one. Throws nothing:
   // failure to bind is reported by the returned null pointer and `error`.
-  static std::unique_ptr<MetricsEndpoint> Start(
-      const std::string& address, std::shared_ptr<prometheus::Registry> registry,
-      std::string* error);
+  static std::unique_ptr<MetricsEndpoint> Start(const std::string& address,
+                                                std::shared_ptr<prometheus::Registry> registry,
+                                                std::string* error);
   int port() const;
 
  private:

@@ -14,9 +14,7 @@ namespace coalesce::service {
 class GenerateReactor::Sink : public batcher::OutputSink {
  public:
   explicit Sink(GenerateReactor* reactor) : reactor_(reactor) {}
-  void Deliver(batcher::StreamUpdate update) override {
-    reactor_->Deliver(std::move(update));
-  }
+  void Deliver(batcher::StreamUpdate update) override { reactor_->Deliver(std::move(update)); }
 
  private:
   GenerateReactor* const reactor_;
@@ -38,8 +36,8 @@ v1::FinishReason ToProto(batcher::FinishReason reason) {
 }
 }  // namespace
 
-GenerateReactor::GenerateReactor(grpc::CallbackServerContext* context,
-                                 batcher::EngineLoop* loop, std::string request_id)
+GenerateReactor::GenerateReactor(grpc::CallbackServerContext* context, batcher::EngineLoop* loop,
+                                 std::string request_id)
     : context_(context), loop_(loop), request_id_(std::move(request_id)) {}
 
 // Finish is never called under mu_, and nothing of the reactor is touched
@@ -165,9 +163,8 @@ void GenerateReactor::OnCancel() {
       context_->deadline() - kDeadlineSlack <= std::chrono::system_clock::now();
   LogF(LogLevel::kDebug, "request %d (%s): %s", id, request_id_,
        past_deadline ? "deadline passed" : "cancelled by the client");
-  loop_->Cancel(id, past_deadline
-                        ? absl::DeadlineExceededError("the request's deadline passed")
-                        : absl::CancelledError("the client cancelled the request"));
+  loop_->Cancel(id, past_deadline ? absl::DeadlineExceededError("the request's deadline passed")
+                                  : absl::CancelledError("the client cancelled the request"));
 }
 
 void GenerateReactor::OnDone() { delete this; }

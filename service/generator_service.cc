@@ -10,8 +10,7 @@ namespace coalesce::service {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
 namespace {
@@ -25,10 +24,8 @@ uint64_t RandomSeed() {
 }
 }  // namespace
 
-GeneratorService::GeneratorService(batcher::EngineLoop* loop,
-                                   const engine::Tokenizer* tokenizer,
-                                   const engine::Backend* backend,
-                                   int max_batch_size,
+GeneratorService::GeneratorService(batcher::EngineLoop* loop, const engine::Tokenizer* tokenizer,
+                                   const engine::Backend* backend, int max_batch_size,
                                    metrics::ServerMetrics* metrics)
     : loop_(loop),
       tokenizer_(tokenizer),
@@ -47,8 +44,7 @@ absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
   if (!request.prompt().empty()) {
     out.prompt = tokenizer_->Encode(request.prompt(), /*add_special_tokens=*/true);
   } else {
-    out.prompt.assign(request.prompt_token_ids().begin(),
-                      request.prompt_token_ids().end());
+    out.prompt.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
   }
   if (absl::Status s = ValidatePromptLength(static_cast<int>(out.prompt.size()),
                                             request.max_new_tokens(), limits_);
@@ -69,8 +65,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GeneratorService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
   auto* reactor = new GenerateReactor(context, loop_, request->request_id());
   absl::StatusOr<batcher::GenerationRequest> prepared =
-      draining_ ? absl::UnavailableError(
-                      "the server is draining; retry on another replica")
+      draining_ ? absl::UnavailableError("the server is draining; retry on another replica")
                 : Prepare(*request);
   absl::Status status = prepared.status();
   if (status.ok()) {
@@ -82,9 +77,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GeneratorService::Generate(
   return reactor;
 }
 
-grpc::ServerUnaryReactor* GeneratorService::GetModelInfo(
-    grpc::CallbackServerContext* context, const v1::GetModelInfoRequest*,
-    v1::ModelInfo* response) {
+grpc::ServerUnaryReactor* GeneratorService::GetModelInfo(grpc::CallbackServerContext* context,
+                                                         const v1::GetModelInfoRequest*,
+                                                         v1::ModelInfo* response) {
   const engine::ModelConfig& config = backend_->config();
   response->set_name(config.name);
   response->set_path(config.source);
@@ -106,9 +101,9 @@ grpc::ServerUnaryReactor* GeneratorService::GetModelInfo(
   return reactor;
 }
 
-grpc::ServerUnaryReactor* GeneratorService::Tokenize(
-    grpc::CallbackServerContext* context, const v1::TokenizeRequest* request,
-    v1::TokenizeResponse* response) {
+grpc::ServerUnaryReactor* GeneratorService::Tokenize(grpc::CallbackServerContext* context,
+                                                     const v1::TokenizeRequest* request,
+                                                     v1::TokenizeResponse* response) {
   for (int32_t id : tokenizer_->Encode(request->text(), request->add_special_tokens())) {
     response->add_token_ids(id);
   }
@@ -117,9 +112,9 @@ grpc::ServerUnaryReactor* GeneratorService::Tokenize(
   return reactor;
 }
 
-grpc::ServerUnaryReactor* GeneratorService::Detokenize(
-    grpc::CallbackServerContext* context, const v1::DetokenizeRequest* request,
-    v1::DetokenizeResponse* response) {
+grpc::ServerUnaryReactor* GeneratorService::Detokenize(grpc::CallbackServerContext* context,
+                                                       const v1::DetokenizeRequest* request,
+                                                       v1::DetokenizeResponse* response) {
   const auto& ids = request->token_ids();
   const std::span<const int32_t> span(ids.data(), static_cast<size_t>(ids.size()));
   absl::Status status = ValidateTokenIds(span, limits_.vocab_size, "token_ids");

@@ -27,8 +27,7 @@ class GeneratorService final : public v1::Generator::CallbackService {
   void StartDraining() { draining_ = true; }
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* context,
-      const v1::GenerateRequest* request) override;
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const v1::GetModelInfoRequest* request,
                                          v1::ModelInfo* response) override;
@@ -41,8 +40,7 @@ class GeneratorService final : public v1::Generator::CallbackService {
 
  private:
   // Turns a valid request into the engine's form, or says why it is invalid.
-  absl::StatusOr<batcher::GenerationRequest> Prepare(
-      const v1::GenerateRequest& request) const;
+  absl::StatusOr<batcher::GenerationRequest> Prepare(const v1::GenerateRequest& request) const;
 
   batcher::EngineLoop* const loop_;
   const engine::Tokenizer* const tokenizer_;

@@ -130,9 +130,9 @@ absl::StatusOr<LoadedModel> LoadModel(const ServerOptions& options) {
   std::string tokenizer_path = options.tokenizer;
   if (tokenizer_path.empty()) {
     const size_t slash = options.model.find_last_of('/');
-    tokenizer_path = (slash == std::string::npos ? std::string()
-                                                 : options.model.substr(0, slash + 1)) +
-                     "tokenizer.bin";
+    tokenizer_path =
+        (slash == std::string::npos ? std::string() : options.model.substr(0, slash + 1)) +
+        "tokenizer.bin";
   }
   ASSIGN_OR_RETURN(out.tokenizer,
                    engine::LoadLlama2cTokenizer(tokenizer_path, model.config.vocab_size));
@@ -156,9 +156,8 @@ int Serve(const ServerOptions& options) {
   LogF(LogLevel::kInfo,
        "model %s from %s: %d layers, dim %d, %d heads (%d kv), vocab %d, context %d, "
        "%.1fM parameters, loaded in %.2f s",
-       config.name, config.source, config.n_layers, config.dim, config.n_heads,
-       config.n_kv_heads, config.vocab_size, config.max_seq_len,
-       config.num_parameters() / 1e6,
+       config.name, config.source, config.n_layers, config.dim, config.n_heads, config.n_kv_heads,
+       config.vocab_size, config.max_seq_len, config.num_parameters() / 1e6,
        absl::ToDoubleSeconds(absl::Now() - load_start));
   if (config.synthetic) {
     Log(LogLevel::kWarning,
@@ -180,9 +179,9 @@ int Serve(const ServerOptions& options) {
       service::KvCacheBlocks(*kv_memory, block_bytes, context_blocks,
                              options.scheduler.max_batch_size, PhysicalMemoryBytes());
   if (num_blocks < 1 || num_blocks > (int64_t{1} << 31) - 1) {
-    Log(LogLevel::kError, absl::StrCat("--kv_cache_memory=", options.kv_cache_memory,
-                                       " gives ", num_blocks, " KV blocks of ",
-                                       block_bytes, " bytes; need at least one"));
+    Log(LogLevel::kError,
+        absl::StrCat("--kv_cache_memory=", options.kv_cache_memory, " gives ", num_blocks,
+                     " KV blocks of ", block_bytes, " bytes; need at least one"));
     return 2;
   }
   engine::CpuBackendOptions backend_options;
@@ -198,8 +197,7 @@ int Serve(const ServerOptions& options) {
        "KV cache: %d blocks of %d tokens (%.1f MiB): %d tokens, %.1f full-context "
        "sequences",
        num_blocks, options.kv_block_size, num_blocks * block_bytes / 1048576.0,
-       num_blocks * options.kv_block_size,
-       static_cast<double>(num_blocks) / context_blocks);
+       num_blocks * options.kv_block_size, static_cast<double>(num_blocks) / context_blocks);
 
   // 3. Metrics, the engine loop and the service.
   auto registry = std::make_shared<prometheus::Registry>();
@@ -210,14 +208,13 @@ int Serve(const ServerOptions& options) {
     metrics_endpoint = metrics::MetricsEndpoint::Start(
         absl::StrCat(options.host, ":", options.metrics_port), registry, &error);
     if (metrics_endpoint == nullptr) {
-      Log(LogLevel::kError, absl::StrCat("cannot serve metrics on port ",
-                                         options.metrics_port, ": ", error));
+      Log(LogLevel::kError,
+          absl::StrCat("cannot serve metrics on port ", options.metrics_port, ": ", error));
       return 1;
     }
   }
   batcher::EngineLoop loop(backend->get(), loaded->tokenizer.get(),
-                           {options.scheduler, options.log_steps}, RealClock(),
-                           &server_metrics);
+                           {options.scheduler, options.log_steps}, RealClock(), &server_metrics);
   loop.Start();
   service::GeneratorService service(&loop, loaded->tokenizer.get(), backend->get(),
                                     options.scheduler.max_batch_size, &server_metrics);
@@ -239,9 +236,8 @@ int Serve(const ServerOptions& options) {
   LogF(LogLevel::kInfo,
        "serving %s on %s:%d (metrics port %d), backend %s, max_batch_size %d, "
        "batch_window %s, batching %s",
-       config.name, options.host, grpc_port,
-       metrics_endpoint ? metrics_endpoint->port() : -1, (*backend)->name(),
-       options.scheduler.max_batch_size,
+       config.name, options.host, grpc_port, metrics_endpoint ? metrics_endpoint->port() : -1,
+       (*backend)->name(), options.scheduler.max_batch_size,
        absl::FormatDuration(options.scheduler.batch_window),
        options.scheduler.mode == batcher::BatchingMode::kStatic ? "static" : "continuous");
 

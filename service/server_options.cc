@@ -17,13 +17,12 @@ absl::StatusOr<KvCacheMemory> ParseKvCacheMemory(const std::string& text) {
     out.automatic = true;
     return out;
   }
-  const auto bad = absl::InvalidArgumentError(absl::StrCat(
-      "--kv_cache_memory=", text,
-      ": expected auto, a size such as 512MiB or 2GB, or a fraction such as 0.25"));
+  const auto bad = absl::InvalidArgumentError(
+      absl::StrCat("--kv_cache_memory=", text,
+                   ": expected auto, a size such as 512MiB or 2GB, or a fraction such as 0.25"));
   // Split into number and unit.
   size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) ||
-                             text[i] == '.')) {
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) {
     ++i;
   }
   double number;
@@ -34,9 +33,9 @@ absl::StatusOr<KvCacheMemory> ParseKvCacheMemory(const std::string& text) {
     return out;
   }
   static const std::pair<const char*, double> kUnits[] = {
-      {"", 1},          {"b", 1},          {"kb", 1e3},      {"mb", 1e6},
-      {"gb", 1e9},      {"kib", 1 << 10},  {"mib", 1 << 20}, {"gib", 1 << 30},
-      {"k", 1 << 10},   {"m", 1 << 20},    {"g", 1 << 30}};
+      {"", 1},        {"b", 1},         {"kb", 1e3},      {"mb", 1e6},
+      {"gb", 1e9},    {"kib", 1 << 10}, {"mib", 1 << 20}, {"gib", 1 << 30},
+      {"k", 1 << 10}, {"m", 1 << 20},   {"g", 1 << 30}};
   for (const auto& [name, scale] : kUnits) {
     if (unit == name) {
       out.bytes = static_cast<int64_t>(number * scale);
@@ -47,13 +46,11 @@ absl::StatusOr<KvCacheMemory> ParseKvCacheMemory(const std::string& text) {
   return bad;
 }
 
-int64_t KvCacheBlocks(const KvCacheMemory& memory, int64_t block_bytes,
-                      int64_t full_context_blocks, int max_batch_size,
-                      int64_t physical_memory_bytes) {
+int64_t KvCacheBlocks(const KvCacheMemory& memory, int64_t block_bytes, int64_t full_context_blocks,
+                      int max_batch_size, int64_t physical_memory_bytes) {
   int64_t bytes;
   if (memory.automatic) {
-    bytes = std::min(full_context_blocks * max_batch_size * block_bytes,
-                     physical_memory_bytes / 4);
+    bytes = std::min(full_context_blocks * max_batch_size * block_bytes, physical_memory_bytes / 4);
   } else if (memory.fraction > 0) {
     bytes = static_cast<int64_t>(memory.fraction * physical_memory_bytes);
   } else {

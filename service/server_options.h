@@ -13,11 +13,11 @@ namespace coalesce::service {
 struct ServerOptions {
   std::string host = "0.0.0.0";
   int port = 50051;
-  int metrics_port = 9090;                  // 0: pick a free port; -1: off
-  std::string model = "synthetic:15m";      // preset name or llama2.c file
-  std::string tokenizer;                    // tokenizer.bin (llama2.c models)
+  int metrics_port = 9090;              // 0: pick a free port; -1: off
+  std::string model = "synthetic:15m";  // preset name or llama2.c file
+  std::string tokenizer;                // tokenizer.bin (llama2.c models)
   batcher::SchedulerConfig scheduler;
-  int threads = 0;                          // 0: one per core
+  int threads = 0;  // 0: one per core
   int kv_block_size = 16;
   std::string kv_cache_memory = "auto";
   absl::Duration grace_period = absl::Seconds(30);
@@ -36,8 +36,7 @@ absl::StatusOr<KvCacheMemory> ParseKvCacheMemory(const std::string& text);
 
 // KV blocks to allocate. "auto": enough for max_batch_size sequences of the
 // full context, but at most a quarter of physical memory.
-int64_t KvCacheBlocks(const KvCacheMemory& memory, int64_t block_bytes,
-                      int64_t full_context_blocks, int max_batch_size,
-                      int64_t physical_memory_bytes);
+int64_t KvCacheBlocks(const KvCacheMemory& memory, int64_t block_bytes, int64_t full_context_blocks,
+                      int max_batch_size, int64_t physical_memory_bytes);
 
 }  // namespace coalesce::service

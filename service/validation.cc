@@ -11,8 +11,7 @@ absl::Status ValidateTokenIds(std::span<const int32_t> ids, int vocab_size,
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(
-          field, "[", i, "] = ", ids[i], " is outside the vocabulary [0, ",
-          vocab_size, ")"));
+          field, "[", i, "] = ", ids[i], " is outside the vocabulary [0, ", vocab_size, ")"));
     }
   }
   return absl::OkStatus();
@@ -25,9 +24,9 @@ absl::Status ValidateGenerateRequest(const v1::GenerateRequest& request,
   const bool has_text = !request.prompt().empty();
   const bool has_ids = request.prompt_token_ids_size() > 0;
   if (has_text == has_ids) {
-    return InvalidArgumentError(
-        has_text ? "set exactly one of prompt and prompt_token_ids, not both"
-                 : "the prompt is empty: set prompt or prompt_token_ids");
+    return InvalidArgumentError(has_text
+                                    ? "set exactly one of prompt and prompt_token_ids, not both"
+                                    : "the prompt is empty: set prompt or prompt_token_ids");
   }
   if (has_ids) {
     const auto& ids = request.prompt_token_ids();
@@ -38,45 +37,40 @@ absl::Status ValidateGenerateRequest(const v1::GenerateRequest& request,
     }
   }
   if (request.max_new_tokens() < 1) {
-    return InvalidArgumentError(StrCat("max_new_tokens must be at least 1, got ",
-                                       request.max_new_tokens()));
+    return InvalidArgumentError(
+        StrCat("max_new_tokens must be at least 1, got ", request.max_new_tokens()));
   }
   if (request.max_new_tokens() > limits.context_length) {
     return InvalidArgumentError(StrCat("max_new_tokens = ", request.max_new_tokens(),
-                                       " exceeds the context length of ",
-                                       limits.context_length, " tokens"));
+                                       " exceeds the context length of ", limits.context_length,
+                                       " tokens"));
   }
   const auto& sampling = request.sampling();
   if (!std::isfinite(sampling.temperature()) || sampling.temperature() < 0) {
-    return InvalidArgumentError(StrCat("sampling.temperature must be finite and >= 0, got ",
-                                       sampling.temperature()));
+    return InvalidArgumentError(
+        StrCat("sampling.temperature must be finite and >= 0, got ", sampling.temperature()));
   }
   if (sampling.top_k() < 0) {
     return InvalidArgumentError(
         StrCat("sampling.top_k must be >= 0 (0: no limit), got ", sampling.top_k()));
   }
-  if (sampling.has_top_p() &&
-      !(sampling.top_p() > 0.0f && sampling.top_p() <= 1.0f)) {
-    return InvalidArgumentError(
-        StrCat("sampling.top_p must be in (0, 1], got ", sampling.top_p()));
+  if (sampling.has_top_p() && !(sampling.top_p() > 0.0f && sampling.top_p() <= 1.0f)) {
+    return InvalidArgumentError(StrCat("sampling.top_p must be in (0, 1], got ", sampling.top_p()));
   }
   if (request.stop_size() > limits.max_stop_sequences) {
     return InvalidArgumentError(StrCat("at most ", limits.max_stop_sequences,
-                                       " stop sequences are allowed, got ",
-                                       request.stop_size()));
+                                       " stop sequences are allowed, got ", request.stop_size()));
   }
   for (int i = 0; i < request.stop_size(); ++i) {
     const std::string& stop = request.stop(i);
     if (stop.empty() || static_cast<int>(stop.size()) > limits.max_stop_bytes) {
-      return InvalidArgumentError(StrCat("stop[", i, "] must be 1 to ",
-                                         limits.max_stop_bytes, " bytes, got ",
-                                         stop.size()));
+      return InvalidArgumentError(StrCat("stop[", i, "] must be 1 to ", limits.max_stop_bytes,
+                                         " bytes, got ", stop.size()));
     }
   }
   if (static_cast<int>(request.request_id().size()) > limits.max_request_id_bytes) {
-    return InvalidArgumentError(StrCat("request_id must be at most ",
-                                       limits.max_request_id_bytes, " bytes, got ",
-                                       request.request_id().size()));
+    return InvalidArgumentError(StrCat("request_id must be at most ", limits.max_request_id_bytes,
+                                       " bytes, got ", request.request_id().size()));
   }
   return absl::OkStatus();
 }
@@ -85,9 +79,8 @@ absl::Status ValidatePromptLength(int prompt_tokens, int max_new_tokens,
                                   const RequestLimits& limits) {
   if (prompt_tokens + max_new_tokens > limits.context_length) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the prompt (", prompt_tokens, " tokens) plus max_new_tokens (",
-        max_new_tokens, ") exceeds the context length of ", limits.context_length,
-        " tokens"));
+        "the prompt (", prompt_tokens, " tokens) plus max_new_tokens (", max_new_tokens,
+        ") exceeds the context length of ", limits.context_length, " tokens"));
   }
   return absl::OkStatus();
 }

@@ -15,7 +15,7 @@ packages=(
   # JSON (test goldens today; model configs and tokenizer.json later)
   nlohmann-json3-dev
   # tests and benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev clang-format git
   # the Python gRPC client used by the end-to-end tests
   python3 python3-grpcio python3-grpc-tools python3-protobuf python3-pytest
 )

@@ -3,7 +3,6 @@
 // over its own sequence's paged KV blocks.
 #include "engine/cpu/cpu_backend.h"
 
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>

@@ -18,7 +18,7 @@ struct CpuBackendOptions {
   int threads = 0;  // compute threads; 0: one per core
 };
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(
-    std::shared_ptr<const Model> model, const CpuBackendOptions& options);
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::shared_ptr<const Model> model,
+                                                          const CpuBackendOptions& options);
 
 }  // namespace coalesce::engine

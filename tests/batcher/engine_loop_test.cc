@@ -11,8 +11,8 @@
 namespace coalesce::batcher {
 namespace {
 
-using ::testing::ElementsAre;
 using ::testing::Each;
+using ::testing::ElementsAre;
 
 constexpr int kVocab = 16;
 constexpr int32_t kEos = 15;
@@ -138,9 +138,8 @@ class EngineLoopTest : public ::testing::Test {
  protected:
   void StartLoop(SchedulerConfig config, int num_blocks = 64) {
     backend_ = std::make_unique<CountingBackend>(num_blocks);
-    loop_ = std::make_unique<EngineLoop>(backend_.get(), &tokenizer_,
-                                         EngineLoopOptions{config}, RealClock(),
-                                         nullptr);
+    loop_ = std::make_unique<EngineLoop>(backend_.get(), &tokenizer_, EngineLoopOptions{config},
+                                         RealClock(), nullptr);
     loop_->Start();
   }
   std::shared_ptr<Collector> Submit(GenerationRequest request, uint64_t* id = nullptr) {
@@ -290,8 +289,7 @@ TEST_F(EngineLoopTest, StopEndsQueuedWorkAndRefusesNewWork) {
   StreamUpdate last = queued->WaitFinal();
   EXPECT_TRUE(last.status.ok());
   EXPECT_EQ(last.finish_reason, FinishReason::kCancelled);
-  absl::StatusOr<uint64_t> late =
-      loop_->Submit(Request({0}, 5), std::make_shared<Collector>());
+  absl::StatusOr<uint64_t> late = loop_->Submit(Request({0}, 5), std::make_shared<Collector>());
   EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable);
 }
 

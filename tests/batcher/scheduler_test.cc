@@ -187,8 +187,8 @@ class World {
         std::erase_if(waiting_, [id = id](const WaitingRequest& w) { return w.id == id; });
         std::erase(running_, id);
       }
-      Decision d = scheduler_.Schedule({waiting_, static_cast<int>(running_.size()), 1000},
-                                       Ms(now));
+      Decision d =
+          scheduler_.Schedule({waiting_, static_cast<int>(running_.size()), 1000}, Ms(now));
       for (uint64_t id : d.admit) {
         running_.push_back(id);
         waiting_.erase(waiting_.begin());
@@ -237,11 +237,7 @@ TEST(SchedulerTimelineTest, ContinuousBatchingJoinsAndLeavesAtStepBoundaries) {
   // t=18             runs    (left)  (left)
   // t=22             runs
   const std::vector<StepRecord> expected = {
-      {6, {1, 2}, {1, 2}},
-      {10, {3}, {1, 2, 3}},
-      {14, {4}, {2, 3, 4}},
-      {18, {}, {2}},
-      {22, {}, {2}},
+      {6, {1, 2}, {1, 2}}, {10, {3}, {1, 2, 3}}, {14, {4}, {2, 3, 4}}, {18, {}, {2}}, {22, {}, {2}},
   };
   EXPECT_EQ(world.Run(), expected);
 }

@@ -64,8 +64,7 @@ TEST(ValidationTest, MaxNewTokensMustBePositiveAndFit) {
   ExpectInvalid(r, "max_new_tokens must be at least 1");
   r.set_max_new_tokens(1000000);
   ExpectInvalid(r, "exceeds the context length");
-  EXPECT_EQ(ValidatePromptLength(500, 13, kLimits).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidatePromptLength(500, 13, kLimits).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(ValidatePromptLength(500, 12, kLimits).ok());
 }
 

@@ -94,8 +94,7 @@ int Run() {
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     const double tps = batch * steps / seconds;
     if (base_tps == 0) base_tps = tps;
-    std::printf("%6d %12.2f %12.1f %13.2fx\n", batch, seconds / steps * 1e3, tps,
-                tps / base_tps);
+    std::printf("%6d %12.2f %12.1f %13.2fx\n", batch, seconds / steps * 1e3, tps, tps / base_tps);
   }
   return 0;
 }

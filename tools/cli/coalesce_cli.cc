@@ -28,6 +28,9 @@ ABSL_FLAG(int, concurrency, 1,
           "Send this many copies at once. With more than 1, print one summary line "
           "per request instead of the text.");
 ABSL_FLAG(double, timeout, 600, "Deadline of each request, in seconds.");
+ABSL_FLAG(bool, summary, false,
+          "Print one line per request (tokens, latency) instead of the text; "
+          "implied by --concurrency above 1.");
 ABSL_FLAG(bool, info, false, "Print the served model's description and exit.");
 
 namespace {
@@ -52,9 +55,9 @@ struct Result {
 
 Result RunOne(Generator::Stub& stub, const GenerateRequest& request, bool print_text) {
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::milliseconds(
-                           static_cast<int64_t>(absl::GetFlag(FLAGS_timeout) * 1000)));
+  context.set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_timeout) * 1000)));
   Result result;
   const auto start = Clock::now();
   auto reader = stub.Generate(&context, request);
@@ -96,8 +99,8 @@ int main(int argc, char** argv) {
       "Streams a generation from a coalesce server.\n"
       "Usage: coalesce-cli --prompt='Once upon a time' [--concurrency=8] [flags]");
   absl::ParseCommandLine(argc, argv);
-  auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_server),
-                                     grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials());
   auto stub = Generator::NewStub(channel);
   if (absl::GetFlag(FLAGS_info)) return PrintInfo(*stub);
 
@@ -112,7 +115,7 @@ int main(int argc, char** argv) {
   for (const std::string& stop : absl::GetFlag(FLAGS_stop)) request.add_stop(stop);
 
   const int n = std::max(1, absl::GetFlag(FLAGS_concurrency));
-  if (n == 1) {
+  if (n == 1 && !absl::GetFlag(FLAGS_summary)) {
     std::cout << request.prompt() << std::flush;
     Result r = RunOne(*stub, request, /*print_text=*/true);
     std::cout << "\n";
@@ -121,9 +124,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::cerr << absl::StrFormat(
-        "[%d tokens in %d messages, first token %.1f ms, %.1f tokens/s, finish %s]\n",
-        r.tokens, r.messages, r.first_token_s * 1e3,
-        r.tokens / std::max(r.total_s, 1e-9), r.finish_reason);
+        "[%d tokens in %d messages, first token %.1f ms, %.1f tokens/s, finish %s]\n", r.tokens,
+        r.messages, r.first_token_s * 1e3, r.tokens / std::max(r.total_s, 1e-9), r.finish_reason);
     return 0;
   }
 
@@ -151,10 +153,10 @@ int main(int argc, char** argv) {
     }
     total_tokens += r.tokens;
     std::cout << absl::StrFormat(
-        "request %3d: %4d tokens, first token %7.1f ms, total %7.1f ms, finish %s\n", i,
-        r.tokens, r.first_token_s * 1e3, r.total_s * 1e3, r.finish_reason);
+        "request %3d: %4d tokens, first token %7.1f ms, total %7.1f ms, finish %s\n", i, r.tokens,
+        r.first_token_s * 1e3, r.total_s * 1e3, r.finish_reason);
   }
-  std::cout << absl::StrFormat("%d requests, %d failed, %d tokens in %.2f s: %.1f tokens/s\n",
-                               n, failures, total_tokens, wall, total_tokens / wall);
+  std::cout << absl::StrFormat("%d requests, %d failed, %d tokens in %.2f s: %.1f tokens/s\n", n,
+                               failures, total_tokens, wall, total_tokens / wall);
   return failures == 0 ? 0 : 1;
 }
