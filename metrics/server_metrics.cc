@@ -26,6 +26,21 @@ const Histogram::BucketBoundaries kBatchSizeBuckets = {1, 2, 4, 8, 16, 32, 64, 1
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
+// One unlabelled metric of a new family.
+prometheus::Histogram& NewHistogram(prometheus::Registry& registry, const std::string& name,
+                                    const std::string& help,
+                                    const Histogram::BucketBoundaries& buckets) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(registry).Add({}, buckets);
+}
+prometheus::Gauge& NewGauge(prometheus::Registry& registry, const std::string& name,
+                            const std::string& help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add({});
+}
+prometheus::Counter& NewCounter(prometheus::Registry& registry, const std::string& name,
+                                const std::string& help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(registry).Add({});
+}
+
 }  // namespace
 
 ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry)
@@ -35,73 +50,39 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry)
                           .Help("Generate requests that ended, by final gRPC status "
                                 "(ok, cancelled, deadline_exceeded, invalid_argument, ...)")
                           .Register(*registry_)),
-      running_(prometheus::BuildGauge()
-                   .Name("coalesce_requests_running")
-                   .Help("Sequences in the running batch")
-                   .Register(*registry_)
-                   .Add({})),
-      waiting_(prometheus::BuildGauge()
-                   .Name("coalesce_requests_waiting")
-                   .Help("Requests waiting to be admitted into the batch")
-                   .Register(*registry_)
-                   .Add({})),
-      queue_wait_(prometheus::BuildHistogram()
-                      .Name("coalesce_queue_wait_seconds")
-                      .Help("Time from arrival to admission into the batch "
-                            "(includes the coalescing window)")
-                      .Register(*registry_)
-                      .Add({}, kQueueWaitBuckets)),
-      time_to_first_token_(prometheus::BuildHistogram()
-                               .Name("coalesce_time_to_first_token_seconds")
-                               .Help("Time from arrival to the first generated token")
-                               .Register(*registry_)
-                               .Add({}, kFirstTokenBuckets)),
-      inter_token_latency_(prometheus::BuildHistogram()
-                               .Name("coalesce_inter_token_latency_seconds")
-                               .Help("Time between consecutive tokens of one request")
-                               .Register(*registry_)
-                               .Add({}, kInterTokenBuckets)),
-      request_duration_(prometheus::BuildHistogram()
-                            .Name("coalesce_request_duration_seconds")
-                            .Help("Time from arrival to the end of a request that "
-                                  "reached the engine")
-                            .Register(*registry_)
-                            .Add({}, kRequestDurationBuckets)),
-      batch_size_(prometheus::BuildHistogram()
-                      .Name("coalesce_batch_size")
-                      .Help("Sequences per engine step")
-                      .Register(*registry_)
-                      .Add({}, kBatchSizeBuckets)),
-      prompt_tokens_(prometheus::BuildCounter()
-                         .Name("coalesce_prompt_tokens_total")
-                         .Help("Prompt tokens processed (prefilled)")
-                         .Register(*registry_)
-                         .Add({})),
-      generated_tokens_(prometheus::BuildCounter()
-                            .Name("coalesce_generated_tokens_total")
-                            .Help("Tokens generated")
-                            .Register(*registry_)
-                            .Add({})),
-      step_duration_(prometheus::BuildHistogram()
-                         .Name("coalesce_engine_step_seconds")
-                         .Help("Time of one batched engine step")
-                         .Register(*registry_)
-                         .Add({}, kStepDurationBuckets)),
-      kv_blocks_free_(prometheus::BuildGauge()
-                          .Name("coalesce_kv_cache_blocks")
-                          .Help("KV-cache blocks by state")
-                          .Register(*registry_)
-                          .Add({{"state", "free"}})),
-      kv_blocks_used_(prometheus::BuildGauge()
-                          .Name("coalesce_kv_cache_blocks")
-                          .Help("KV-cache blocks by state")
-                          .Register(*registry_)
-                          .Add({{"state", "used"}})),
-      kv_usage_ratio_(prometheus::BuildGauge()
-                          .Name("coalesce_kv_cache_usage_ratio")
-                          .Help("Fraction of KV-cache blocks in use (0 to 1)")
-                          .Register(*registry_)
-                          .Add({})) {
+      running_(NewGauge(*registry_, "coalesce_requests_running", "Sequences in the running batch")),
+      waiting_(NewGauge(*registry_, "coalesce_requests_waiting",
+                        "Requests waiting to be admitted into the batch")),
+      queue_wait_(NewHistogram(*registry_, "coalesce_queue_wait_seconds",
+                               "Time from arrival to admission into the batch "
+                               "(includes the coalescing window)",
+                               kQueueWaitBuckets)),
+      time_to_first_token_(NewHistogram(*registry_, "coalesce_time_to_first_token_seconds",
+                                        "Time from arrival to the first generated token",
+                                        kFirstTokenBuckets)),
+      inter_token_latency_(NewHistogram(*registry_, "coalesce_inter_token_latency_seconds",
+                                        "Time between consecutive tokens of one request",
+                                        kInterTokenBuckets)),
+      request_duration_(NewHistogram(*registry_, "coalesce_request_duration_seconds",
+                                     "Time from arrival to the end of a request that reached "
+                                     "the engine",
+                                     kRequestDurationBuckets)),
+      batch_size_(NewHistogram(*registry_, "coalesce_batch_size", "Sequences per engine step",
+                               kBatchSizeBuckets)),
+      prompt_tokens_(NewCounter(*registry_, "coalesce_prompt_tokens_total",
+                                "Prompt tokens processed (prefilled)")),
+      generated_tokens_(
+          NewCounter(*registry_, "coalesce_generated_tokens_total", "Tokens generated")),
+      step_duration_(NewHistogram(*registry_, "coalesce_engine_step_seconds",
+                                  "Time of one batched engine step", kStepDurationBuckets)),
+      kv_blocks_(prometheus::BuildGauge()
+                     .Name("coalesce_kv_cache_blocks")
+                     .Help("KV-cache blocks by state (free, used)")
+                     .Register(*registry_)),
+      kv_blocks_free_(kv_blocks_.Add({{"state", "free"}})),
+      kv_blocks_used_(kv_blocks_.Add({{"state", "used"}})),
+      kv_usage_ratio_(NewGauge(*registry_, "coalesce_kv_cache_usage_ratio",
+                               "Fraction of KV-cache blocks in use (0 to 1)")) {
   // Create the usual outcomes up front so that rate() sees them from zero.
   for (std::string_view status : {"ok", "cancelled", "deadline_exceeded", "invalid_argument",
                                   "resource_exhausted", "unavailable", "internal"}) {

@@ -51,6 +51,7 @@ class ServerMetrics : public batcher::LoopObserver {
   prometheus::Counter& prompt_tokens_;
   prometheus::Counter& generated_tokens_;
   prometheus::Histogram& step_duration_;
+  prometheus::Family<prometheus::Gauge>& kv_blocks_;
   prometheus::Gauge& kv_blocks_free_;
   prometheus::Gauge& kv_blocks_used_;
   prometheus::Gauge& kv_usage_ratio_;
