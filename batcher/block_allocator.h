@@ -18,6 +18,7 @@ class BlockAllocator {
   void Free(const std::vector<int32_t>& blocks);
 
   int num_free() const { return static_cast<int>(free_.size()); }
+  const std::vector<int32_t>& free_ids() const { return free_; }
   int num_total() const { return num_total_; }
 
  private:

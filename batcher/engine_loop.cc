@@ -9,28 +9,34 @@
 
 namespace coalesce::batcher {
 
-// A request from admission to its last token. Owned by the loop thread once
-// it leaves the inbox.
+// A request from arrival to its last token. Owned by the loop thread once it
+// leaves the inbox.
 struct EngineLoop::Sequence {
-  Sequence(uint64_t id, GenerationRequest req, std::shared_ptr<OutputSink> out, int blocks)
+  Sequence(uint64_t id, GenerationRequest req, std::shared_ptr<OutputSink> out)
       : id(id),
         request(std::move(req)),
         sink(std::move(out)),
-        blocks_needed(blocks),
         rng(request.seed),
-        tokens(request.prompt) {}
+        tokens(request.prompt),
+        prefill_end(static_cast<int>(tokens.size())) {}
+
+  // Positions not yet in the KV cache: the prompt (or everything, after a
+  // preemption), or the one token sampled last.
+  int pending() const { return static_cast<int>(tokens.size()) - num_cached; }
+  bool prefilling() const { return num_cached < prefill_end; }
 
   const uint64_t id;
   const GenerationRequest request;
   const std::shared_ptr<OutputSink> sink;
-  const int blocks_needed;
   engine::Rng rng;
   std::vector<int32_t> tokens;  // [prompt + generated]
   int num_cached = 0;           // leading tokens whose K/V are in the cache
+  int prefill_end;              // tokens before this are prefill work
   int generated = 0;
-  std::vector<int32_t> blocks;  // KV blocks in position order
-  std::optional<engine::TextStream> text;
+  std::vector<int32_t> blocks;             // KV blocks in position order
+  std::optional<engine::TextStream> text;  // from the first admission on
   absl::Time last_token_at;
+  bool preempted = false;  // admitted once, then sent back to the queue
   bool done = false;
 };
 
@@ -43,6 +49,7 @@ EngineLoop::EngineLoop(engine::Backend* backend, const engine::Tokenizer* tokeni
       clock_(clock),
       observer_(observer),
       block_size_(backend->kv_cache().block_size),
+      total_blocks_(backend->kv_cache().num_blocks),
       blocks_(backend->kv_cache().num_blocks) {}
 
 EngineLoop::~EngineLoop() { Stop(); }
@@ -54,20 +61,27 @@ void EngineLoop::Start() {
 
 absl::StatusOr<uint64_t> EngineLoop::Submit(GenerationRequest request,
                                             std::shared_ptr<OutputSink> sink) {
-  // Blocks are reserved for the whole sequence at admission, so one that
-  // needs more than the pool holds could never run.
+  // The whole sequence must fit the cache on its own, or it could never
+  // finish: preemption makes room only by sending others away.
   const int tokens = static_cast<int>(request.prompt.size()) + request.max_new_tokens;
-  const int blocks = BlocksForTokens(tokens, block_size_);
-  if (blocks > blocks_.num_total()) {
+  if (BlocksForTokens(tokens, block_size_) > total_blocks_) {
+    if (observer_ != nullptr) observer_->OnRejected("too_long");
     return absl::ResourceExhaustedError(absl::StrCat(
         "the request needs ", tokens, " tokens of KV cache (prompt ", request.prompt.size(),
         " + max_new_tokens ", request.max_new_tokens, ") but the server's cache holds ",
-        blocks_.num_total() * block_size_, " tokens; lower max_new_tokens or shorten the prompt"));
+        total_blocks_ * block_size_, " tokens; lower max_new_tokens or shorten the prompt"));
   }
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the server is shutting down");
+  const int waiting = published_.waiting + static_cast<int>(inbox_.size());
+  if (waiting >= options_.max_queue) {
+    if (observer_ != nullptr) observer_->OnRejected("queue_full");
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the server is overloaded: ", waiting,
+                     " requests are already waiting (--max_queue); retry after a short pause"));
+  }
   const uint64_t id = next_id_++;
-  inbox_.push_back(std::make_unique<Sequence>(id, std::move(request), std::move(sink), blocks));
+  inbox_.push_back(std::make_unique<Sequence>(id, std::move(request), std::move(sink)));
   return id;
 }
 
@@ -79,19 +93,13 @@ void EngineLoop::Cancel(uint64_t id, absl::Status status) {
 void EngineLoop::Stop() {
   {
     absl::MutexLock lock(&mu_);
+    if (stopped_) return;
     stopping_ = true;
   }
   if (thread_.joinable()) {
     thread_.join();
   } else {
-    // Never started: end what was queued here.
-    std::vector<std::unique_ptr<Sequence>> inbox;
-    {
-      absl::MutexLock lock(&mu_);
-      inbox.swap(inbox_);
-    }
-    for (auto& seq : inbox) waiting_.push_back(std::move(seq));
-    EndAllCancelled();
+    Tick();  // never started: end what was queued here
   }
 }
 
@@ -100,167 +108,278 @@ QueueStats EngineLoop::queue_stats() const {
   return published_;
 }
 
+LoopSnapshot EngineLoop::Snapshot() const {
+  LoopSnapshot snapshot;
+  for (const auto& seq : running_) snapshot.running.push_back({seq->id, seq->blocks});
+  for (const auto& seq : waiting_) snapshot.waiting.push_back(seq->id);
+  snapshot.free_blocks = blocks_.free_ids();
+  snapshot.total_blocks = total_blocks_;
+  return snapshot;
+}
+
 bool EngineLoop::HasWork() const { return stopping_ || !inbox_.empty() || !cancels_.empty(); }
+
+// Nothing can move without new arrivals, cancellations or the passage of
+// time: no sequence runs, and nobody waits, or the last decision was taken
+// with the engine already empty (so only the coalescing window held them)
+// and says when to look again. A decision taken while sequences still ran
+// is retaken at once: they have since left and freed slots and blocks.
+bool EngineLoop::Idle() const {
+  return running_.empty() &&
+         (waiting_.empty() || (decided_on_empty_engine_ && reconsider_at_.has_value()));
+}
 
 // ---------------------------------------------------------------------------
 // The loop
 // ---------------------------------------------------------------------------
 
 void EngineLoop::Run() {
-  while (true) {
-    // 1. Take arrivals and cancellations. Sleep only when nothing can move
-    //    without them: no sequence runs, and nobody waits or the coalescing
-    //    window holds them (then until the window ends). Waiting requests
-    //    with no window pending are decided on at once: the last decision
-    //    was made before sequences left and freed their slots and blocks.
-    std::vector<std::unique_ptr<Sequence>> arrivals;
-    std::vector<std::pair<uint64_t, absl::Status>> cancels;
-    bool stopping;
-    {
-      absl::MutexLock lock(&mu_);
-      if (running_.empty() && (waiting_.empty() || reconsider_at_.has_value())) {
-        const absl::Condition has_work(this, &EngineLoop::HasWork);
-        if (reconsider_at_.has_value()) {
-          mu_.AwaitWithTimeout(has_work, *reconsider_at_ - clock_->Now());
-        } else {
-          mu_.Await(has_work);
-        }
-      }
-      arrivals.swap(inbox_);
-      cancels.swap(cancels_);
-      stopping = stopping_;
-    }
-    for (auto& seq : arrivals) waiting_.push_back(std::move(seq));
-
-    // 2. Cancelled requests leave now, waiting or running.
-    for (auto& [id, status] : cancels) {
-      auto matches = [id = id](const std::unique_ptr<Sequence>& s) { return s->id == id; };
-      if (auto it = std::find_if(waiting_.begin(), waiting_.end(), matches); it != waiting_.end()) {
-        FinishWithError(**it, status);
-        waiting_.erase(it);
-      } else if (auto jt = std::find_if(running_.begin(), running_.end(), matches);
-                 jt != running_.end()) {
-        FinishWithError(**jt, status);
-        running_.erase(jt);
+  do {
+    absl::MutexLock lock(&mu_);
+    if (Idle()) {
+      const absl::Condition has_work(this, &EngineLoop::HasWork);
+      if (reconsider_at_.has_value()) {
+        mu_.AwaitWithTimeout(has_work, *reconsider_at_ - clock_->Now());
+      } else {
+        mu_.Await(has_work);
       }
     }
+  } while (Tick());
+}
 
-    if (stopping) {
-      EndAllCancelled();
-      return;
+bool EngineLoop::Tick() {
+  // 1. Arrivals and cancellations.
+  std::vector<std::unique_ptr<Sequence>> arrivals;
+  std::vector<std::pair<uint64_t, absl::Status>> cancels;
+  bool stopping;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return false;
+    arrivals.swap(inbox_);
+    cancels.swap(cancels_);
+    stopping = stopping_;
+  }
+  for (auto& seq : arrivals) waiting_.push_back(std::move(seq));
+  ApplyCancels(std::move(cancels));
+  if (stopping) {
+    EndAllCancelled();
+    absl::MutexLock lock(&mu_);
+    stopped_ = true;
+    return false;
+  }
+  Iterate(clock_->Now());
+  return true;
+}
+
+void EngineLoop::ApplyCancels(std::vector<std::pair<uint64_t, absl::Status>> cancels) {
+  for (auto& [id, status] : cancels) {
+    auto matches = [id = id](const std::unique_ptr<Sequence>& s) { return s->id == id; };
+    for (auto* queue : {&waiting_, &running_}) {
+      auto it = std::find_if(queue->begin(), queue->end(), matches);
+      if (it == queue->end()) continue;
+      FinishWithError(**it, status);
+      queue->erase(it);
+      break;
     }
-
-    // 3-5.
-    Iterate(clock_->Now());
   }
 }
 
 void EngineLoop::Iterate(absl::Time now) {
-  std::vector<WaitingRequest> waiting;
-  waiting.reserve(waiting_.size());
-  for (const auto& seq : waiting_) {
-    waiting.push_back({seq->id, seq->request.arrival, seq->blocks_needed});
-  }
-  const QueueState state{waiting, static_cast<int>(running_.size()), blocks_.num_free()};
-  const Decision decision = scheduler_.Schedule(state, now);
-  reconsider_at_ = decision.reconsider_at;
-  Admit(decision, now);
-
-  if (options_.log_steps && !waiting.empty()) {
-    LogF(LogLevel::kDebug, "schedule: waiting=%d running=%d free_blocks=%d admitted=%d hold=%s",
-         waiting.size(), state.running, state.free_blocks, decision.admit.size(),
+  const int running_before = static_cast<int>(running_.size());
+  // 2-3.
+  ExpireRunning(now);
+  const Decision decision = ScheduleAndAdmit(now);
+  // 4-5.
+  StepStats stats;
+  int preempted = 0;
+  if (!running_.empty()) RunStep(stats, preempted);
+  if (options_.log_steps && LogEnabled(LogLevel::kDebug) &&
+      (stats.num_seqs > 0 || !waiting_.empty())) {
+    LogF(LogLevel::kDebug,
+         "step: seqs=%d decode_tokens=%d prefill_tokens=%d admitted=%d preempted=%d "
+         "running=%d (was %d) waiting=%d free_blocks=%d hold=%s",
+         stats.num_seqs, stats.decode_tokens, stats.prefill_tokens, decision.admit.size(),
+         preempted, running_.size(), running_before, waiting_.size(), blocks_.num_free(),
          HoldReasonName(decision.hold));
   }
-  if (!running_.empty()) RunStep();
   PublishQueueStats();
 }
 
-void EngineLoop::Admit(const Decision& decision, absl::Time now) {
-  // The admitted ids are the oldest waiting requests, in order.
-  for (size_t i = 0; i < decision.admit.size(); ++i) {
-    std::unique_ptr<Sequence> seq = std::move(waiting_.front());
-    waiting_.pop_front();
-    auto blocks = blocks_.Allocate(seq->blocks_needed);
-    // The scheduler admitted it only if its blocks were free.
-    seq->blocks = std::move(*blocks);
-    seq->text.emplace(*tokenizer_, seq->tokens.back(), seq->request.stop);
-    if (observer_ != nullptr) observer_->OnAdmitted(now - seq->request.arrival);
-    running_.push_back(std::move(seq));
+void EngineLoop::ExpireRunning(absl::Time now) {
+  for (auto& seq : running_) {
+    if (now >= seq->request.deadline) {
+      FinishWithError(*seq, absl::DeadlineExceededError("the request's deadline passed"));
+    }
   }
+  std::erase_if(running_, [](const auto& seq) { return seq->done; });
 }
 
-void EngineLoop::RunStep() {
-  // 4. One step over every running sequence: the whole remaining prompt of a
-  //    newly admitted one, the last sampled token of the others.
+Decision EngineLoop::ScheduleAndAdmit(absl::Time now) {
+  // Blocks that running decodes take in this very step are not free to
+  // admit with: admitting into them would only preempt the newcomer again.
+  int imminent = 0;
+  for (const auto& seq : running_) {
+    if (!seq->prefilling() &&
+        static_cast<int>(seq->tokens.size()) > static_cast<int>(seq->blocks.size()) * block_size_) {
+      ++imminent;
+    }
+  }
+  std::vector<WaitingRequest> waiting;
+  waiting.reserve(waiting_.size());
+  for (const auto& seq : waiting_) {
+    waiting.push_back({seq->id, seq->request.arrival,
+                       BlocksForTokens(static_cast<int>(seq->tokens.size()), block_size_),
+                       seq->request.priority, seq->request.deadline, seq->preempted});
+  }
+  const QueueState state{waiting, static_cast<int>(running_.size()),
+                         std::max(0, blocks_.num_free() - imminent)};
+  Decision decision = scheduler_.Schedule(state, now);
+  reconsider_at_ = decision.reconsider_at;
+  decided_on_empty_engine_ = running_.empty();
+
+  auto take = [this](uint64_t id) {
+    auto it =
+        std::find_if(waiting_.begin(), waiting_.end(), [id](const auto& s) { return s->id == id; });
+    std::unique_ptr<Sequence> seq = std::move(*it);
+    waiting_.erase(it);
+    return seq;
+  };
+  for (const Expired& e : decision.expired) {
+    std::unique_ptr<Sequence> seq = take(e.id);
+    if (e.reason == ExpiryReason::kDeadline) {
+      FinishWithError(*seq, absl::DeadlineExceededError(
+                                "the request's deadline passed before it was admitted"));
+    } else {
+      if (observer_ != nullptr) observer_->OnRejected("queue_timeout");
+      FinishWithError(*seq, absl::ResourceExhaustedError(absl::StrCat(
+                                "the request was not admitted within --max_queue_wait (",
+                                absl::FormatDuration(options_.scheduler.max_queue_wait),
+                                "): the server is overloaded; retry after a short pause")));
+    }
+  }
+  for (uint64_t id : decision.admit) {
+    std::unique_ptr<Sequence> seq = take(id);
+    // The scheduler admitted it only if its blocks were free.
+    seq->blocks =
+        *blocks_.Allocate(BlocksForTokens(static_cast<int>(seq->tokens.size()), block_size_));
+    if (!seq->preempted) {
+      seq->text.emplace(*tokenizer_, seq->tokens.back(), seq->request.stop);
+      if (observer_ != nullptr) observer_->OnAdmitted(now - seq->request.arrival);
+    }
+    running_.push_back(std::move(seq));
+  }
+  return decision;
+}
+
+void EngineLoop::Preempt(uint64_t id) {
+  auto it =
+      std::find_if(running_.begin(), running_.end(), [id](const auto& s) { return s->id == id; });
+  Sequence& seq = **it;
+  // Everything it has, prompt and generated tokens, is recomputed on
+  // resumption; its sampler and text state carry on, so its output is the
+  // same as without the pause.
+  blocks_.Free(seq.blocks);
+  seq.blocks.clear();
+  seq.num_cached = 0;
+  seq.prefill_end = static_cast<int>(seq.tokens.size());
+  seq.preempted = true;
+  waiting_.push_back(std::move(*it));
+  running_.erase(it);
+  if (observer_ != nullptr) observer_->OnPreempted();
+}
+
+void EngineLoop::RunStep(StepStats& stats, int& preempted) {
+  // 4. Plan: preemptions, then the chunk of every sequence in the step.
+  plan_input_.clear();
+  for (const auto& seq : running_) {
+    plan_input_.push_back({seq->id, seq->num_cached, seq->pending(), seq->prefilling(),
+                           static_cast<int>(seq->blocks.size()), seq->request.priority});
+  }
+  const StepPlan plan =
+      PlanStep(plan_input_, blocks_.num_free(), block_size_, options_.max_batch_tokens);
+  for (uint64_t id : plan.preempt) Preempt(id);
+  preempted = static_cast<int>(plan.preempt.size());
+
   step_tokens_.clear();
   step_seqs_.clear();
-  StepStats stats;
-  for (const auto& seq : running_) {
-    const int n = static_cast<int>(seq->tokens.size()) - seq->num_cached;
-    step_tokens_.insert(step_tokens_.end(), seq->tokens.begin() + seq->num_cached,
-                        seq->tokens.end());
-    step_seqs_.push_back({n, seq->num_cached, seq->blocks});
-    (seq->generated == 0 ? stats.prefill_tokens : stats.decode_tokens) += n;
+  step_owner_.clear();
+  for (const StepChunk& chunk : plan.chunks) {
+    Sequence& seq = **std::find_if(running_.begin(), running_.end(),
+                                   [&](const auto& s) { return s->id == chunk.id; });
+    if (chunk.new_block) seq.blocks.push_back((*blocks_.Allocate(1))[0]);
+    const auto first = seq.tokens.begin() + seq.num_cached;
+    step_tokens_.insert(step_tokens_.end(), first, first + chunk.num_tokens);
+    step_seqs_.push_back({chunk.num_tokens, seq.num_cached, seq.blocks});
+    step_owner_.push_back(&seq);
   }
-  stats.num_seqs = static_cast<int>(running_.size());
+  stats.num_seqs = static_cast<int>(plan.chunks.size());
+  stats.prefill_tokens = plan.prefill_tokens;
+  stats.decode_tokens = plan.decode_tokens;
+  if (plan.chunks.empty()) return;
+
+  // 5. Run the step.
   const int vocab = backend_->config().vocab_size;
   logits_.resize(static_cast<size_t>(stats.num_seqs) * vocab);
-
   const absl::Time start = absl::Now();
   const absl::Status status = backend_->Step({step_tokens_, step_seqs_}, std::span<float>(logits_));
   stats.duration = absl::Now() - start;
   if (!status.ok()) {
     Log(LogLevel::kError, absl::StrCat("engine step failed: ", status.ToString()));
-    for (auto& seq : running_) {
+    for (Sequence* seq : step_owner_) {
       FinishWithError(*seq,
                       absl::InternalError(absl::StrCat("engine step failed: ", status.message())));
     }
-    running_.clear();
+    std::erase_if(running_, [](const auto& seq) { return seq->done; });
     return;
   }
-  if (observer_ != nullptr) observer_->OnStep(stats);
 
-  // 5. Sample each sequence's next token and stream it.
+  // Sequences whose tokens are now all cached sample their next token.
   const absl::Time now = clock_->Now();
-  const auto eos = tokenizer_->eos_ids();
-  const int max_seq_len = backend_->config().max_seq_len;
-  for (size_t i = 0; i < running_.size(); ++i) {
-    Sequence& seq = *running_[i];
+  for (size_t i = 0; i < step_owner_.size(); ++i) {
+    Sequence& seq = *step_owner_[i];
     seq.num_cached += step_seqs_[i].num_tokens;
+    if (seq.pending() > 0) continue;  // a prompt chunk; more follow
     const int32_t token = engine::Sample(std::span<const float>(logits_).subspan(i * vocab, vocab),
                                          seq.request.sampling, seq.rng);
-    seq.tokens.push_back(token);
-    ++seq.generated;
-    if (observer_ != nullptr) {
-      if (seq.generated == 1) {
-        observer_->OnFirstToken(now - seq.request.arrival);
-      } else {
-        observer_->OnInterToken(now - seq.last_token_at);
-      }
-    }
-    seq.last_token_at = now;
+    ++stats.generated_tokens;
+    Emit(seq, token, now);
+  }
+  if (observer_ != nullptr) observer_->OnStep(stats);
+  std::erase_if(running_, [](const auto& seq) { return seq->done; });
+}
 
-    engine::TextStream::Piece piece = seq.text->Push(token);
-    StreamUpdate update;
-    update.token_ids.push_back(token);
-    update.text = std::move(piece.text);
-    if (std::find(eos.begin(), eos.end(), token) != eos.end()) {
-      update.text += seq.text->Finish();
-      update.finish_reason = FinishReason::kEos;
-      Finish(seq, std::move(update));
-    } else if (piece.stopped) {
-      update.finish_reason = FinishReason::kStop;
-      Finish(seq, std::move(update));
-    } else if (seq.generated >= seq.request.max_new_tokens ||
-               static_cast<int>(seq.tokens.size()) >= max_seq_len) {
-      update.text += seq.text->Finish();
-      update.finish_reason = FinishReason::kLength;
-      Finish(seq, std::move(update));
+void EngineLoop::Emit(Sequence& seq, int32_t token, absl::Time now) {
+  seq.tokens.push_back(token);
+  ++seq.generated;
+  if (observer_ != nullptr) {
+    if (seq.generated == 1) {
+      observer_->OnFirstToken(now - seq.request.arrival);
     } else {
-      seq.sink->Deliver(std::move(update));
+      observer_->OnInterToken(now - seq.last_token_at);
     }
   }
-  std::erase_if(running_, [](const auto& seq) { return seq->done; });
+  seq.last_token_at = now;
+
+  engine::TextStream::Piece piece = seq.text->Push(token);
+  StreamUpdate update;
+  update.token_ids.push_back(token);
+  update.text = std::move(piece.text);
+  const auto eos = tokenizer_->eos_ids();
+  if (std::find(eos.begin(), eos.end(), token) != eos.end()) {
+    update.text += seq.text->Finish();
+    update.finish_reason = FinishReason::kEos;
+    Finish(seq, std::move(update));
+  } else if (piece.stopped) {
+    update.finish_reason = FinishReason::kStop;
+    Finish(seq, std::move(update));
+  } else if (seq.generated >= seq.request.max_new_tokens ||
+             static_cast<int>(seq.tokens.size()) >= backend_->config().max_seq_len) {
+    update.text += seq.text->Finish();
+    update.finish_reason = FinishReason::kLength;
+    Finish(seq, std::move(update));
+  } else {
+    seq.sink->Deliver(std::move(update));
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -308,11 +427,11 @@ void EngineLoop::EndAllCancelled() {
 void EngineLoop::PublishQueueStats() {
   QueueStats stats;
   stats.running = static_cast<int>(running_.size());
+  stats.waiting = static_cast<int>(waiting_.size());
   stats.free_kv_blocks = blocks_.num_free();
-  stats.total_kv_blocks = blocks_.num_total();
+  stats.total_kv_blocks = total_blocks_;
   {
     absl::MutexLock lock(&mu_);
-    stats.waiting = static_cast<int>(waiting_.size() + inbox_.size());
     published_ = stats;
   }
   if (observer_ != nullptr) observer_->OnQueue(stats);

@@ -2,23 +2,25 @@
 // accounting and the backend, and runs the model one step at a time. Other
 // threads only Submit and Cancel, which post into an inbox under a mutex.
 //
-// One iteration:
-//   1. take arrivals and cancellations from the inbox;
-//   2. end cancelled sequences and free their slots and blocks;
-//   3. ask the Scheduler which waiting requests join, and admit them;
-//   4. run one Backend::Step over every running sequence: admitted prompts
-//      are prefilled together, the others decode one token each;
-//   5. sample, stream the output, and retire finished sequences.
-// So no request waits for the longest one in its batch, and new requests
-// join at every step boundary.
+// One iteration (Tick):
+//   1. take arrivals and cancellations from the inbox; cancelled requests
+//      leave at once, waiting or running, and free their slot and blocks;
+//   2. running sequences past their deadline leave (DEADLINE_EXCEEDED);
+//   3. the Scheduler expires waiting requests (deadline, max_queue_wait) and
+//      picks which join the batch; they get the KV blocks of their prompt;
+//   4. the step planner preempts sequences when decodes need blocks that are
+//      not free, and splits prompts to fit max_batch_tokens (decodes first);
+//   5. one Backend::Step runs every planned chunk; then each sequence whose
+//      tokens are all cached samples its next token, streams it, and leaves
+//      if it finished.
+// So no request waits for the longest one in its batch, new requests join at
+// every step boundary, and a long prompt cannot stall the others' tokens.
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -28,6 +30,7 @@
 #include "batcher/observer.h"
 #include "batcher/request.h"
 #include "batcher/scheduler.h"
+#include "batcher/step_planner.h"
 #include "common/clock.h"
 #include "engine/backend.h"
 #include "engine/sampler.h"
@@ -38,8 +41,27 @@ namespace coalesce::batcher {
 
 struct EngineLoopOptions {
   SchedulerConfig scheduler;
-  // Log a line per step (with why waiting requests were not admitted).
+  // Tokens processed in one step, decodes first, prompt chunks in the rest.
+  // At least scheduler.max_batch_size.
+  int max_batch_tokens = 2048;
+  // Waiting requests (never admitted, or preempted) at most; Submit refuses
+  // more with RESOURCE_EXHAUSTED.
+  int max_queue = 1024;
+  // Log one line per step at debug level: tokens, admissions, departures,
+  // preemptions, and why waiting requests were not admitted.
   bool log_steps = false;
+};
+
+// The block ownership at one moment, for tests that check invariants.
+struct LoopSnapshot {
+  struct Seq {
+    uint64_t id;
+    std::vector<int32_t> blocks;
+  };
+  std::vector<Seq> running;
+  std::vector<uint64_t> waiting;
+  std::vector<int32_t> free_blocks;
+  int total_blocks = 0;
 };
 
 class EngineLoop {
@@ -50,12 +72,15 @@ class EngineLoop {
              EngineLoopOptions options, const Clock* clock, LoopObserver* observer);
   ~EngineLoop();  // Stop()s
 
+  // Runs Tick() on the loop's own thread, sleeping while there is nothing
+  // to do. Without Start(), a test drives the loop by calling Tick().
   void Start();
 
   // Queues a request. On success the loop owns it and will Deliver a final
   // update to `sink` exactly once; the returned id names it for Cancel. On
   // error nothing was queued and `sink` is never called: UNAVAILABLE after
-  // Stop, RESOURCE_EXHAUSTED when it could never fit the KV cache.
+  // Stop; RESOURCE_EXHAUSTED when the queue is full or the request could
+  // never fit the KV cache.
   absl::StatusOr<uint64_t> Submit(GenerationRequest request, std::shared_ptr<OutputSink> sink);
 
   // Ends the request within one step with `status` (e.g. CANCELLED): its
@@ -67,17 +92,27 @@ class EngineLoop {
   // finish_reason cancelled, and joins the thread. Idempotent.
   void Stop();
 
+  // One iteration (see the top of this file). False once stopped. Call only
+  // from one thread: the loop's own, or a test's when not Start()ed.
+  bool Tick();
+
   QueueStats queue_stats() const;
+  // Same threading rule as Tick().
+  LoopSnapshot Snapshot() const;
 
  private:
   struct Sequence;
 
   bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Idle() const;
   void Run();
-  // Steps 3-5 of an iteration, after the inbox was drained.
+  void ApplyCancels(std::vector<std::pair<uint64_t, absl::Status>> cancels);
   void Iterate(absl::Time now);
-  void Admit(const Decision& decision, absl::Time now);
-  void RunStep();
+  void ExpireRunning(absl::Time now);
+  Decision ScheduleAndAdmit(absl::Time now);
+  void RunStep(StepStats& stats, int& preempted);
+  void Preempt(uint64_t id);
+  void Emit(Sequence& seq, int32_t token, absl::Time now);
   void Finish(Sequence& seq, StreamUpdate update);
   void FinishWithError(Sequence& seq, absl::Status status);
   // Ends every waiting and running sequence with finish_reason cancelled.
@@ -91,10 +126,12 @@ class EngineLoop {
   const Clock* const clock_;
   LoopObserver* const observer_;
   const int block_size_;
+  const int total_blocks_;
 
   // ---- Shared with Submit/Cancel callers --------------------------------
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::vector<std::unique_ptr<Sequence>> inbox_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<uint64_t, absl::Status>> cancels_ ABSL_GUARDED_BY(mu_);
@@ -103,13 +140,16 @@ class EngineLoop {
 
   // ---- Owned by the loop thread ------------------------------------------
   BlockAllocator blocks_;
-  std::deque<std::unique_ptr<Sequence>> waiting_;   // arrival order
+  std::vector<std::unique_ptr<Sequence>> waiting_;  // any order: the scheduler orders
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order
-  std::optional<absl::Time> reconsider_at_;
+  std::optional<absl::Time> reconsider_at_;         // from the last decision
+  bool decided_on_empty_engine_ = false;            // the last decision saw no running sequence
   // Step buffers, reused.
+  std::vector<RunningSequence> plan_input_;      // [num_running]
   std::vector<int32_t> step_tokens_;             // [total_tokens]
-  std::vector<engine::SequenceStep> step_seqs_;  // [num_seqs]
-  std::vector<float> logits_;                    // [num_seqs, vocab]
+  std::vector<engine::SequenceStep> step_seqs_;  // [num_chunks]
+  std::vector<Sequence*> step_owner_;            // [num_chunks]
+  std::vector<float> logits_;                    // [num_chunks, vocab]
 };
 
 }  // namespace coalesce::batcher

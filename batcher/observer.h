@@ -4,16 +4,18 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "absl/time/time.h"
 
 namespace coalesce::batcher {
 
 struct StepStats {
-  int num_seqs = 0;         // sequences in the step
-  int prefill_tokens = 0;   // prompt tokens processed
-  int decode_tokens = 0;    // one per decoding sequence
-  absl::Duration duration;  // time in Backend::Step
+  int num_seqs = 0;          // sequences in the step
+  int prefill_tokens = 0;    // prompt (or recomputed) tokens processed
+  int decode_tokens = 0;     // one per decoding sequence
+  int generated_tokens = 0;  // new tokens sampled (a partial prefill samples none)
+  absl::Duration duration;   // time in Backend::Step
 };
 
 struct QueueStats {
@@ -40,6 +42,11 @@ class LoopObserver {
   virtual void OnFirstToken(absl::Duration time_to_first_token) {}
   virtual void OnInterToken(absl::Duration gap) {}
   virtual void OnFinished(const RequestSummary& summary) {}
+  // A request refused or dropped before it ran: "queue_full", "too_long",
+  // "queue_timeout" from the loop; the service adds its own reasons.
+  virtual void OnRejected(std::string_view reason) {}
+  // A running sequence gave back its KV blocks, to be recomputed later.
+  virtual void OnPreempted() {}
 };
 
 }  // namespace coalesce::batcher

@@ -17,9 +17,11 @@ struct GenerationRequest {
   std::vector<int32_t> prompt;  // token ids, BOS included if wanted
   int max_new_tokens = 16;
   engine::SamplingParams sampling;
-  uint64_t seed = 0;              // the request's own random generator
-  std::vector<std::string> stop;  // stop sequences
-  absl::Time arrival;             // when the server received it
+  uint64_t seed = 0;                             // the request's own random generator
+  std::vector<std::string> stop;                 // stop sequences
+  int priority = 0;                              // higher is admitted first
+  absl::Time arrival;                            // when the server received it
+  absl::Time deadline = absl::InfiniteFuture();  // DEADLINE_EXCEEDED after this
 };
 
 enum class FinishReason { kLength, kStop, kEos, kCancelled };

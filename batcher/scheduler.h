@@ -1,20 +1,34 @@
-// The scheduling decision: which waiting requests join the running batch at
-// this step boundary, and, when none may join yet, until when to wait. It is
-// a pure function of the queue state and the time, so the coalescing window
-// is tested step by step with a fake clock (tests/batcher/scheduler_test.cc).
+// The admission decision: which waiting requests join the running batch at
+// this step boundary, which waiting requests have waited too long, and, when
+// nobody may join yet, until when to wait. It is a pure function of the queue
+// state and the time, so the coalescing window, priorities and timeouts are
+// tested step by step with a fake clock (tests/batcher/scheduler_test.cc).
 //
-// The rule (continuous batching, the default):
+// Order. Waiting requests are considered by effective priority, highest
+// first, then by arrival, oldest first. Effective priority is the request's
+// `priority` plus one for every `priority_aging` it has waited, so a
+// low-priority request is never starved: after (difference in priority) x
+// priority_aging it ranks with the newer high-priority arrivals, and it is
+// older than they are.
+//
+// Expiry. A waiting request whose deadline has passed expires (the client
+// gets DEADLINE_EXCEEDED); one that was never admitted and has waited
+// `max_queue_wait` expires too (RESOURCE_EXHAUSTED). Preempted requests were
+// admitted once, stream already, and are exempt from max_queue_wait.
+//
+// The coalescing window (continuous batching, the default):
 //   free slots = max_batch_size - running sequences
 //   Nothing is admitted while there is no free slot or nobody waits.
-//   Otherwise the waiting requests are admitted, oldest first, as soon as ONE
-//   of these holds:
+//   Otherwise the waiting requests are admitted, in the order above, as
+//   soon as ONE of these holds:
 //     (a) the window is 0 (coalescing disabled);
 //     (b) the waiting requests alone can fill every free slot;
 //     (c) the oldest waiting request has waited `batch_window`.
 //   Until then the decision says "reconsider at oldest arrival + window".
-//   Admission takes requests in arrival order while a slot is free and the
-//   KV-cache blocks the request needs are free; it stops at the first request
-//   that does not fit (no overtaking, so a large request cannot starve).
+//   Admission takes requests in order while a slot is free and the KV-cache
+//   blocks the request needs now (its prompt) are free; it stops at the
+//   first request that does not fit (no overtaking, so a large request
+//   cannot starve).
 //
 // Static batching (for comparison): the same rule, but only while nothing
 // runs; a batch runs until all of its sequences finish.
@@ -36,16 +50,24 @@ struct SchedulerConfig {
   int max_batch_size = 16;  // sequences in one engine step
   absl::Duration batch_window = absl::Milliseconds(5);
   BatchingMode mode = BatchingMode::kContinuous;
+  // A request never admitted within this time fails (RESOURCE_EXHAUSTED).
+  absl::Duration max_queue_wait = absl::InfiniteDuration();
+  // Waiting this long raises a request's effective priority by one. Zero or
+  // infinite: no aging.
+  absl::Duration priority_aging = absl::Seconds(10);
 };
 
 struct WaitingRequest {
   uint64_t id = 0;
   absl::Time arrival;     // when the server received it
-  int blocks_needed = 0;  // KV-cache blocks it must hold to run
+  int blocks_needed = 0;  // KV-cache blocks it must hold to be admitted
+  int priority = 0;       // higher first
+  absl::Time deadline = absl::InfiniteFuture();
+  bool preempted = false;  // admitted before: exempt from max_queue_wait
 };
 
 struct QueueState {
-  std::span<const WaitingRequest> waiting;  // in arrival order
+  std::span<const WaitingRequest> waiting;  // any order
   int running = 0;                          // sequences in the batch now
   int free_blocks = 0;                      // KV-cache blocks not held
 };
@@ -60,11 +82,21 @@ enum class HoldReason {
 };
 std::string_view HoldReasonName(HoldReason reason);
 
+enum class ExpiryReason { kDeadline, kQueueTimeout };
+
+struct Expired {
+  uint64_t id;
+  ExpiryReason reason;
+  bool operator==(const Expired&) const = default;
+};
+
 struct Decision {
-  std::vector<uint64_t> admit;  // ids to admit now, in this order
+  std::vector<Expired> expired;  // leave the queue now, with an error
+  std::vector<uint64_t> admit;   // join the batch now, in this order
   HoldReason hold = HoldReason::kNone;
-  // Set when the decision can change by the passage of time alone: the
-  // caller should decide again no later than this (the window's end).
+  // Set when the decision can change by the passage of time alone (the
+  // window ends, a deadline or queue timeout falls due, aging reorders):
+  // the caller should decide again no later than this.
   std::optional<absl::Time> reconsider_at;
 };
 
@@ -73,6 +105,9 @@ class Scheduler {
   explicit Scheduler(SchedulerConfig config) : config_(config) {}
   Decision Schedule(const QueueState& state, absl::Time now) const;
   const SchedulerConfig& config() const { return config_; }
+
+  // `request`'s priority after waiting until `now`.
+  int EffectivePriority(const WaitingRequest& request, absl::Time now) const;
 
  private:
   SchedulerConfig config_;

@@ -19,9 +19,15 @@ using ::testing::IsEmpty;
 const absl::Time t0 = absl::FromUnixSeconds(1000);
 absl::Time Ms(double ms) { return t0 + absl::Milliseconds(ms); }
 
+// No queue timeout and no aging unless a test sets them.
 SchedulerConfig Config(int max_batch_size, double window_ms,
                        BatchingMode mode = BatchingMode::kContinuous) {
-  return {max_batch_size, absl::Milliseconds(window_ms), mode};
+  SchedulerConfig c;
+  c.max_batch_size = max_batch_size;
+  c.batch_window = absl::Milliseconds(window_ms);
+  c.mode = mode;
+  c.priority_aging = absl::InfiniteDuration();
+  return c;
 }
 
 WaitingRequest Req(uint64_t id, double arrival_ms, int blocks = 1) {
@@ -133,6 +139,58 @@ TEST(SchedulerTest, StaticBatchingWaitsForTheWholeBatchToFinish) {
   EXPECT_THAT(d.admit, IsEmpty());
   EXPECT_EQ(d.reconsider_at, Ms(10));
   EXPECT_THAT(s.Schedule({waiting, 0, 100}, Ms(10)).admit, ElementsAre(1));
+}
+
+TEST(SchedulerTest, HigherPriorityGoesFirstThenArrival) {
+  Scheduler s(Config(2, 0));
+  std::vector<WaitingRequest> waiting = {Req(1, 0), Req(2, 1), Req(3, 2), Req(4, 3)};
+  waiting[2].priority = 5;
+  waiting[3].priority = 5;
+  EXPECT_THAT(s.Schedule({waiting, 0, 100}, Ms(3)).admit, ElementsAre(3, 4));
+  EXPECT_THAT(s.Schedule({waiting, 1, 100}, Ms(3)).admit, ElementsAre(3));
+}
+
+TEST(SchedulerTest, AgingRaisesAWaitingRequestOneLevelPerInterval) {
+  SchedulerConfig config = Config(1, 0);
+  config.priority_aging = absl::Milliseconds(100);
+  Scheduler s(config);
+  std::vector<WaitingRequest> waiting = {Req(1, 0), Req(2, 250)};
+  waiting[1].priority = 2;
+  // At 250 ms request 1 has aged 2 levels: a tie at 2, and it is older.
+  EXPECT_EQ(s.EffectivePriority(waiting[0], Ms(250)), 2);
+  EXPECT_THAT(s.Schedule({waiting, 0, 100}, Ms(250)).admit, ElementsAre(1));
+  // At 199 ms it had aged only once: request 2 (arriving at 150 ms here)
+  // would still win.
+  waiting[1].arrival = Ms(150);
+  EXPECT_THAT(s.Schedule({waiting, 0, 100}, Ms(199)).admit, ElementsAre(2));
+  // The next aging step is a reason to decide again.
+  EXPECT_EQ(s.Schedule({waiting, 1, 100}, Ms(199)).reconsider_at, Ms(200));
+}
+
+TEST(SchedulerTest, QueueTimeoutExpiresRequestsNeverAdmitted) {
+  SchedulerConfig config = Config(1, 0);
+  config.max_queue_wait = absl::Milliseconds(100);
+  Scheduler s(config);
+  std::vector<WaitingRequest> waiting = {Req(1, 0), Req(2, 50), Req(3, 0)};
+  waiting[2].preempted = true;  // admitted before: exempt
+  Decision d = s.Schedule({waiting, 1, 100}, Ms(99));
+  EXPECT_THAT(d.expired, IsEmpty());
+  EXPECT_EQ(d.reconsider_at, Ms(100));
+  d = s.Schedule({waiting, 1, 100}, Ms(100));
+  EXPECT_THAT(d.expired, ElementsAre(Expired{1, ExpiryReason::kQueueTimeout}));
+  EXPECT_EQ(d.reconsider_at, Ms(150));
+}
+
+TEST(SchedulerTest, DeadlinesExpireWaitingRequestsAndWakeTheLoop) {
+  Scheduler s(Config(4, 20));
+  std::vector<WaitingRequest> waiting = {Req(1, 0), Req(2, 0)};
+  waiting[0].deadline = Ms(5);
+  Decision d = s.Schedule({waiting, 0, 100}, Ms(0));
+  EXPECT_EQ(d.reconsider_at, Ms(5));  // before the window's end at 20
+  d = s.Schedule({waiting, 0, 100}, Ms(5));
+  EXPECT_THAT(d.expired, ElementsAre(Expired{1, ExpiryReason::kDeadline}));
+  EXPECT_THAT(d.admit, IsEmpty());
+  EXPECT_EQ(d.reconsider_at, Ms(20));
 }
 
 // ---------------------------------------------------------------------------

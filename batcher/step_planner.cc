@@ -1,0 +1,63 @@
+#include "batcher/step_planner.h"
+
+#include <algorithm>
+
+namespace coalesce::batcher {
+namespace {
+
+bool NeedsNewBlock(const RunningSequence& s, int block_size) {
+  return !s.prefilling && s.cached_tokens + s.pending_tokens > s.blocks_held * block_size;
+}
+
+}  // namespace
+
+StepPlan PlanStep(std::span<const RunningSequence> running, int free_blocks, int block_size,
+                  int max_batch_tokens) {
+  StepPlan plan;
+  std::vector<bool> preempted(running.size(), false);
+
+  // 1. Decodes first: preempt until every remaining decode's new block fits.
+  auto blocks_wanted = [&] {
+    int n = 0;
+    for (size_t i = 0; i < running.size(); ++i) {
+      if (!preempted[i] && NeedsNewBlock(running[i], block_size)) ++n;
+    }
+    return n;
+  };
+  while (blocks_wanted() > free_blocks) {
+    // Victim: lowest priority, then most recently admitted (latest in order).
+    int victim = -1;
+    for (int i = static_cast<int>(running.size()) - 1; i >= 0; --i) {
+      if (preempted[i]) continue;
+      if (victim < 0 || running[i].priority < running[victim].priority) victim = i;
+    }
+    preempted[victim] = true;
+    free_blocks += running[victim].blocks_held;
+    plan.preempt.push_back(running[victim].id);
+  }
+
+  int budget = max_batch_tokens;
+  for (size_t i = 0; i < running.size(); ++i) {
+    if (!preempted[i] && !running[i].prefilling) budget -= running[i].pending_tokens;
+  }
+
+  // 2. In admission order: every decode, and prefill chunks while the budget
+  //    lasts.
+  for (size_t i = 0; i < running.size(); ++i) {
+    const RunningSequence& s = running[i];
+    if (preempted[i]) continue;
+    if (!s.prefilling) {
+      plan.chunks.push_back({s.id, s.pending_tokens, NeedsNewBlock(s, block_size)});
+      plan.decode_tokens += s.pending_tokens;
+      continue;
+    }
+    const int chunk = std::min(s.pending_tokens, budget);
+    if (chunk <= 0) continue;
+    budget -= chunk;
+    plan.chunks.push_back({s.id, chunk, false});
+    plan.prefill_tokens += chunk;
+  }
+  return plan;
+}
+
+}  // namespace coalesce::batcher

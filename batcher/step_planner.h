@@ -1,0 +1,55 @@
+// What one engine step runs: given the running sequences, the free KV blocks
+// and the token budget, which sequences to preempt and how many tokens each
+// remaining sequence processes. A pure function, tested with step tables
+// (tests/batcher/step_planner_test.cc).
+//
+// The rule:
+//   1. Decodes first. Every decoding sequence processes its one new token.
+//      One whose next position starts a new block needs a free block; when
+//      there are not enough, running sequences are preempted, the lowest
+//      priority first and, among equals, the most recently admitted first,
+//      until the remaining decodes fit. A preempted sequence gives back all
+//      its blocks, returns to the waiting queue, and is later resumed by
+//      recomputing its prompt and what it had generated.
+//   2. Prefill fills the rest of `max_batch_tokens`, in admission order. A
+//      prompt longer than what is left is split: its first part runs now, the
+//      rest in later steps, so one huge prompt cannot stall everyone's next
+//      token. Prefilling sequences hold the blocks for their whole prompt
+//      from admission, so prefill never needs new blocks.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace coalesce::batcher {
+
+struct RunningSequence {
+  uint64_t id = 0;
+  int cached_tokens = 0;    // positions already in the KV cache
+  int pending_tokens = 0;   // tokens not yet in the cache (>= 1)
+  bool prefilling = false;  // pending tokens are prompt/recomputation, not one decode
+  int blocks_held = 0;
+  int priority = 0;  // higher is more important
+};
+
+struct StepChunk {
+  uint64_t id = 0;
+  int num_tokens = 0;      // tokens of this sequence in the step
+  bool new_block = false;  // needs one more KV block before the step
+  bool operator==(const StepChunk&) const = default;
+};
+
+struct StepPlan {
+  std::vector<uint64_t> preempt;  // in the order chosen
+  std::vector<StepChunk> chunks;  // in admission order; sequences left out wait
+  int decode_tokens = 0;
+  int prefill_tokens = 0;
+};
+
+// `running` is in admission order. `max_batch_tokens` must be at least the
+// number of running sequences (every decode fits).
+StepPlan PlanStep(std::span<const RunningSequence> running, int free_blocks, int block_size,
+                  int max_batch_tokens);
+
+}  // namespace coalesce::batcher

@@ -1,0 +1,137 @@
+// Test doubles for the engine loop: a tokenizer whose tokens are letters, a
+// backend whose "model" always predicts the previous token plus one (so every
+// expected output is known in advance), and a sink that records a stream.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "batcher/request.h"
+#include "engine/backend.h"
+#include "engine/tokenizer.h"
+#include "gtest/gtest.h"
+
+namespace coalesce::batcher {
+
+constexpr int kVocab = 16;
+constexpr int32_t kEos = 15;
+
+// Token t is the letter 'a' + t; kEos is a control token with no text.
+class LetterTokenizer : public engine::Tokenizer {
+ public:
+  int vocab_size() const override { return kVocab; }
+  int32_t bos_id() const override { return 0; }
+  std::span<const int32_t> eos_ids() const override { return eos_; }
+  std::vector<int32_t> Encode(std::string_view, bool) const override { return {}; }
+  std::string TokenBytes(int32_t, int32_t token) const override {
+    return token == kEos ? "" : std::string(1, static_cast<char>('a' + token));
+  }
+
+ private:
+  std::vector<int32_t> eos_ = {kEos};
+};
+
+// Predicts (last token of the sequence + 1) mod kVocab. Records the shape of
+// every step, and can be told to fail.
+class CountingBackend : public engine::Backend {
+ public:
+  explicit CountingBackend(int num_blocks, int block_size = 4) : kv_{block_size, num_blocks} {
+    config_.name = "counting";
+    config_.vocab_size = kVocab;
+    config_.max_seq_len = 64;
+  }
+  absl::Status Step(const engine::StepBatch& batch, std::span<float> logits) override {
+    if (fail_next_) {
+      fail_next_ = false;
+      return absl::InternalError("injected failure");
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      batch_sizes_.push_back(static_cast<int>(batch.seqs.size()));
+      step_tokens_.push_back(static_cast<int>(batch.tokens.size()));
+    }
+    std::fill(logits.begin(), logits.end(), 0.0f);
+    size_t offset = 0;
+    for (size_t i = 0; i < batch.seqs.size(); ++i) {
+      const auto& seq = batch.seqs[i];
+      // The block table must cover every position this step writes.
+      EXPECT_GE(static_cast<int>(seq.block_table.size()) * kv_.block_size,
+                seq.start_pos + seq.num_tokens);
+      offset += seq.num_tokens;
+      const int32_t last = batch.tokens[offset - 1];
+      logits[i * kVocab + (last + 1) % kVocab] = 10.0f;
+    }
+    if (step_delay_ > absl::ZeroDuration()) absl::SleepFor(step_delay_);
+    return absl::OkStatus();
+  }
+  const engine::ModelConfig& config() const override { return config_; }
+  const engine::KvCacheConfig& kv_cache() const override { return kv_; }
+  std::string_view name() const override { return "counting"; }
+
+  std::vector<int> batch_sizes() {
+    absl::MutexLock lock(&mu_);
+    return batch_sizes_;
+  }
+  std::vector<int> step_tokens() {
+    absl::MutexLock lock(&mu_);
+    return step_tokens_;
+  }
+  std::atomic<bool> fail_next_{false};
+  absl::Duration step_delay_ = absl::ZeroDuration();
+
+ private:
+  engine::ModelConfig config_;
+  engine::KvCacheConfig kv_;
+  absl::Mutex mu_;
+  std::vector<int> batch_sizes_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> step_tokens_ ABSL_GUARDED_BY(mu_);
+};
+
+// Collects one request's updates.
+class Collector : public OutputSink {
+ public:
+  void Deliver(StreamUpdate update) override {
+    absl::MutexLock lock(&mu_);
+    EXPECT_FALSE(final_.has_value()) << "update after the final one";
+    for (int32_t id : update.token_ids) ids_.push_back(id);
+    text_ += update.text;
+    ++updates_;
+    if (update.finished) final_ = std::move(update);
+  }
+  StreamUpdate WaitFinal() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::optional<StreamUpdate>* f) { return f->has_value(); }, &final_));
+    return *final_;
+  }
+  bool finished() {
+    absl::MutexLock lock(&mu_);
+    return final_.has_value();
+  }
+  std::vector<int32_t> ids() {
+    absl::MutexLock lock(&mu_);
+    return ids_;
+  }
+  std::string text() {
+    absl::MutexLock lock(&mu_);
+    return text_;
+  }
+  int updates() {
+    absl::MutexLock lock(&mu_);
+    return updates_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<int32_t> ids_ ABSL_GUARDED_BY(mu_);
+  std::string text_ ABSL_GUARDED_BY(mu_);
+  int updates_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<StreamUpdate> final_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace coalesce::batcher
