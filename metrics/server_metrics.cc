@@ -26,6 +26,10 @@ const Histogram::BucketBoundaries kBatchSizeBuckets = {1, 2, 4, 8, 16, 32, 64, 1
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
+// Tokens per engine step, by phase: powers of two up to the largest budget.
+const Histogram::BucketBoundaries kBatchTokensBuckets = {1,   2,   4,   8,    16,   32,   64,
+                                                         128, 256, 512, 1024, 2048, 4096, 8192};
+
 // One unlabelled metric of a new family.
 prometheus::Histogram& NewHistogram(prometheus::Registry& registry, const std::string& name,
                                     const std::string& help,
@@ -73,6 +77,21 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry)
                                 "Prompt tokens processed (prefilled)")),
       generated_tokens_(
           NewCounter(*registry_, "coalesce_generated_tokens_total", "Tokens generated")),
+      rejected_total_(prometheus::BuildCounter()
+                          .Name("coalesce_requests_rejected_total")
+                          .Help("Requests refused or dropped before they ran, by reason "
+                                "(invalid, too_long, queue_full, queue_timeout, draining)")
+                          .Register(*registry_)),
+      preemptions_(NewCounter(*registry_, "coalesce_preemptions_total",
+                              "Running sequences sent back to the queue for lack of KV blocks "
+                              "(resumed later by recomputation)")),
+      batch_tokens_(prometheus::BuildHistogram()
+                        .Name("coalesce_batch_tokens")
+                        .Help("Tokens processed per engine step, by phase (prefill, decode); "
+                              "a step without tokens of a phase is not observed for it")
+                        .Register(*registry_)),
+      prefill_tokens_per_step_(batch_tokens_.Add({{"phase", "prefill"}}, kBatchTokensBuckets)),
+      decode_tokens_per_step_(batch_tokens_.Add({{"phase", "decode"}}, kBatchTokensBuckets)),
       step_duration_(NewHistogram(*registry_, "coalesce_engine_step_seconds",
                                   "Time of one batched engine step", kStepDurationBuckets)),
       kv_blocks_(prometheus::BuildGauge()
@@ -88,6 +107,9 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry)
                                   "resource_exhausted", "unavailable", "internal"}) {
     RequestsWithStatus(status);
   }
+  for (const char* reason : {"invalid", "too_long", "queue_full", "queue_timeout", "draining"}) {
+    rejected_total_.Add({{"reason", reason}});
+  }
 }
 
 prometheus::Counter& ServerMetrics::RequestsWithStatus(std::string_view status) {
@@ -100,8 +122,9 @@ void ServerMetrics::OnStep(const batcher::StepStats& stats) {
   batch_size_.Observe(stats.num_seqs);
   step_duration_.Observe(Seconds(stats.duration));
   prompt_tokens_.Increment(stats.prefill_tokens);
-  // Every sequence of a successful step yields one token.
-  generated_tokens_.Increment(stats.num_seqs);
+  generated_tokens_.Increment(stats.generated_tokens);
+  if (stats.prefill_tokens > 0) prefill_tokens_per_step_.Observe(stats.prefill_tokens);
+  if (stats.decode_tokens > 0) decode_tokens_per_step_.Observe(stats.decode_tokens);
 }
 
 void ServerMetrics::OnQueue(const batcher::QueueStats& stats) {
@@ -129,9 +152,16 @@ void ServerMetrics::OnFinished(const batcher::RequestSummary& summary) {
   request_duration_.Observe(Seconds(summary.duration));
 }
 
-void ServerMetrics::CountRejected(std::string_view status) {
+void ServerMetrics::CountEndedBeforeEngine(std::string_view status) {
   RequestsWithStatus(status).Increment();
 }
+
+void ServerMetrics::OnRejected(std::string_view reason) {
+  // Reasons come from a fixed set in the service and the engine loop.
+  rejected_total_.Add({{"reason", std::string(reason)}}).Increment();
+}
+
+void ServerMetrics::OnPreempted() { preemptions_.Increment(); }
 
 std::unique_ptr<MetricsEndpoint> MetricsEndpoint::Start(
     const std::string& address, std::shared_ptr<prometheus::Registry> registry,

@@ -30,9 +30,12 @@ class ServerMetrics : public batcher::LoopObserver {
   void OnInterToken(absl::Duration gap) override;
   void OnFinished(const batcher::RequestSummary& summary) override;
 
-  // A request that ended before reaching the engine loop (validation,
-  // draining), with the lower-case status code name.
-  void CountRejected(std::string_view status);
+  void OnRejected(std::string_view reason) override;
+  void OnPreempted() override;
+
+  // A request that ended before the engine loop took it (validation,
+  // draining, full queue), by lower-case status code name.
+  void CountEndedBeforeEngine(std::string_view status);
 
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
@@ -50,6 +53,11 @@ class ServerMetrics : public batcher::LoopObserver {
   prometheus::Histogram& batch_size_;
   prometheus::Counter& prompt_tokens_;
   prometheus::Counter& generated_tokens_;
+  prometheus::Family<prometheus::Counter>& rejected_total_;
+  prometheus::Counter& preemptions_;
+  prometheus::Family<prometheus::Histogram>& batch_tokens_;
+  prometheus::Histogram& prefill_tokens_per_step_;
+  prometheus::Histogram& decode_tokens_per_step_;
   prometheus::Histogram& step_duration_;
   prometheus::Family<prometheus::Gauge>& kv_blocks_;
   prometheus::Gauge& kv_blocks_free_;

@@ -21,6 +21,9 @@ class GenerateReactor::Sink : public batcher::OutputSink {
 };
 
 namespace {
+// How long a client refused for overload should wait before retrying.
+constexpr int kRetryPushbackMs = 1000;
+
 v1::FinishReason ToProto(batcher::FinishReason reason) {
   switch (reason) {
     case batcher::FinishReason::kLength:
@@ -56,6 +59,10 @@ absl::Status GenerateReactor::Submit(batcher::GenerationRequest request) {
     finish_called_ = true;
   }
   absl::Status error = id.status();
+  if (error.code() == absl::StatusCode::kResourceExhausted) {
+    // gRPC's own retry policy honours this pushback; others can read it.
+    context_->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(kRetryPushbackMs));
+  }
   Finish(ToGrpcStatus(error));
   return error;
 }

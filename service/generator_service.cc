@@ -36,10 +36,15 @@ GeneratorService::GeneratorService(batcher::EngineLoop* loop, const engine::Toke
               .context_length = backend->config().max_seq_len} {}
 
 absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
-    const v1::GenerateRequest& request) const {
+    const grpc::CallbackServerContext& context, const v1::GenerateRequest& request,
+    std::string_view* rejection) const {
+  *rejection = "invalid";
   if (absl::Status s = ValidateGenerateRequest(request, limits_); !s.ok()) return s;
   batcher::GenerationRequest out;
   out.arrival = absl::Now();
+  if (context.deadline() != std::chrono::system_clock::time_point::max()) {
+    out.deadline = absl::FromChrono(context.deadline());
+  }
   out.request_id = request.request_id();
   if (!request.prompt().empty()) {
     out.prompt = tokenizer_->Encode(request.prompt(), /*add_special_tokens=*/true);
@@ -49,6 +54,7 @@ absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
   if (absl::Status s = ValidatePromptLength(static_cast<int>(out.prompt.size()),
                                             request.max_new_tokens(), limits_);
       !s.ok()) {
+    *rejection = "too_long";
     return s;
   }
   out.max_new_tokens = request.max_new_tokens();
@@ -58,22 +64,26 @@ absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
   out.sampling.top_p = sampling.has_top_p() ? sampling.top_p() : 1.0f;
   out.seed = sampling.has_seed() ? sampling.seed() : RandomSeed();
   out.stop.assign(request.stop().begin(), request.stop().end());
+  out.priority = request.priority();
   return out;
 }
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* GeneratorService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
   auto* reactor = new GenerateReactor(context, loop_, request->request_id());
+  std::string_view rejection = "draining";
   absl::StatusOr<batcher::GenerationRequest> prepared =
       draining_ ? absl::UnavailableError("the server is draining; retry on another replica")
-                : Prepare(*request);
+                : Prepare(*context, *request, &rejection);
   absl::Status status = prepared.status();
   if (status.ok()) {
-    status = reactor->Submit(*std::move(prepared));  // finishes the RPC on error
+    // Finishes the RPC on error; the engine loop counts its own rejections.
+    status = reactor->Submit(*std::move(prepared));
   } else {
     reactor->Reject(status);
+    if (metrics_ != nullptr) metrics_->OnRejected(rejection);
   }
-  if (!status.ok() && metrics_ != nullptr) metrics_->CountRejected(StatusName(status));
+  if (!status.ok() && metrics_ != nullptr) metrics_->CountEndedBeforeEngine(StatusName(status));
   return reactor;
 }
 

@@ -40,7 +40,10 @@ class GeneratorService final : public v1::Generator::CallbackService {
 
  private:
   // Turns a valid request into the engine's form, or says why it is invalid.
-  absl::StatusOr<batcher::GenerationRequest> Prepare(const v1::GenerateRequest& request) const;
+  // `rejection` names the reason for the rejection metric on error.
+  absl::StatusOr<batcher::GenerationRequest> Prepare(const grpc::CallbackServerContext& context,
+                                                     const v1::GenerateRequest& request,
+                                                     std::string_view* rejection) const;
 
   batcher::EngineLoop* const loop_;
   const engine::Tokenizer* const tokenizer_;

@@ -44,6 +44,18 @@ ABSL_FLAG(int, max_batch_size, 16, "Most sequences in one engine step (1 to 256)
 ABSL_FLAG(std::string, batching, "continuous",
           "continuous: sequences join and leave the batch at every step. static: "
           "a batch runs until all its sequences finish (for comparison).");
+ABSL_FLAG(int, max_batch_tokens, 2048,
+          "Most tokens processed in one engine step: decode tokens of running sequences "
+          "first, prompt chunks in the rest (a longer prompt is split across steps). At "
+          "least --max_batch_size.");
+ABSL_FLAG(int, max_queue, 1024,
+          "Most requests waiting for admission; the next gets RESOURCE_EXHAUSTED at once.");
+ABSL_FLAG(absl::Duration, max_queue_wait, absl::Seconds(60),
+          "A request not admitted within this time fails with RESOURCE_EXHAUSTED. 'inf' "
+          "waits forever.");
+ABSL_FLAG(absl::Duration, priority_aging, absl::Seconds(10),
+          "Every this long a request waits, its priority rises by one, so low-priority "
+          "requests are not starved. 0 turns aging off.");
 ABSL_FLAG(int, threads, 0, "Engine compute threads. 0: one per core.");
 ABSL_FLAG(int, kv_block_size, 16, "Token positions per KV-cache block.");
 ABSL_FLAG(std::string, kv_cache_memory, "auto",
@@ -57,8 +69,9 @@ ABSL_FLAG(int, max_request_bytes, 4 << 20,
           "Largest request message accepted (RESOURCE_EXHAUSTED above it).");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
 ABSL_FLAG(bool, log_steps, false,
-          "Log every scheduling decision that leaves requests waiting, and why "
-          "(at --log_level=debug).");
+          "Log one line per engine step at --log_level=debug: decode and prefill tokens, "
+          "admitted, preempted, running, waiting, free KV blocks, and why waiting requests "
+          "were not admitted.");
 
 namespace coalesce {
 namespace {
@@ -88,6 +101,18 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   }
   if (o.scheduler.batch_window < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--batch_window must not be negative");
+  }
+  o.scheduler.max_queue_wait = absl::GetFlag(FLAGS_max_queue_wait);
+  o.scheduler.priority_aging = absl::GetFlag(FLAGS_priority_aging);
+  o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  o.max_queue = absl::GetFlag(FLAGS_max_queue);
+  if (o.max_batch_tokens < o.scheduler.max_batch_size) {
+    return absl::InvalidArgumentError(
+        "--max_batch_tokens must be at least --max_batch_size (every decode needs a token)");
+  }
+  if (o.max_queue < 1) return absl::InvalidArgumentError("--max_queue must be at least 1");
+  if (o.scheduler.max_queue_wait <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--max_queue_wait must be positive");
   }
   o.threads = absl::GetFlag(FLAGS_threads);
   o.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
@@ -213,8 +238,13 @@ int Serve(const ServerOptions& options) {
       return 1;
     }
   }
-  batcher::EngineLoop loop(backend->get(), loaded->tokenizer.get(),
-                           {options.scheduler, options.log_steps}, RealClock(), &server_metrics);
+  batcher::EngineLoopOptions loop_options;
+  loop_options.scheduler = options.scheduler;
+  loop_options.max_batch_tokens = options.max_batch_tokens;
+  loop_options.max_queue = options.max_queue;
+  loop_options.log_steps = options.log_steps;
+  batcher::EngineLoop loop(backend->get(), loaded->tokenizer.get(), loop_options, RealClock(),
+                           &server_metrics);
   loop.Start();
   service::GeneratorService service(&loop, loaded->tokenizer.get(), backend->get(),
                                     options.scheduler.max_batch_size, &server_metrics);

@@ -17,7 +17,9 @@ struct ServerOptions {
   std::string model = "synthetic:15m";  // preset name or llama2.c file
   std::string tokenizer;                // tokenizer.bin (llama2.c models)
   batcher::SchedulerConfig scheduler;
-  int threads = 0;  // 0: one per core
+  int max_batch_tokens = 2048;  // tokens per engine step
+  int max_queue = 1024;         // waiting requests at most
+  int threads = 0;              // 0: one per core
   int kv_block_size = 16;
   std::string kv_cache_memory = "auto";
   absl::Duration grace_period = absl::Seconds(30);
