@@ -9,445 +9,16 @@ has python3-grpcio, python3-protobuf and python3-pytest:
 Environment:
     COALESCE_SERVER      the server binary (default <repo>/build/bin/coalesce-server)
     COALESCE_MODELS_DIR  the folder holding stories260K/ (default <repo>/../shared/models)
-
-Python stubs are generated at test time into a temporary folder. Only the
-message classes (*_pb2) are generated; calls go through grpc's generic
-multi-callables, so no grpc python plugin is needed. Debian bookworm's
-python3-grpc-tools (1.14.1) bundles a protoc too old for proto3 `optional`,
-so when `python3 -m grpc_tools.protoc` fails the system `protoc` is used.
 """
 
-import concurrent.futures
-import json
-import os
-import re
-import shutil
 import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import time
-import urllib.request
 
 import grpc
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SERVER = os.environ.get("COALESCE_SERVER") or os.path.join(REPO, "build", "bin", "coalesce-server")
-MODELS = os.environ.get("COALESCE_MODELS_DIR") or os.path.join(REPO, "..", "shared", "models")
-MODEL_BIN = os.path.join(MODELS, "stories260K", "stories260K.bin")
-TOKENIZER_BIN = os.path.join(MODELS, "stories260K", "tok512.bin")
-GOLDEN_JSON = os.path.join(MODELS, "stories260K", "golden.json")
-
-VOCAB = 512
-CONTEXT = 512
-RPC_TIMEOUT = 60  # seconds; no call in this file should come near it
-
-# ---------------------------------------------------------------------------
-# Stubs
-# ---------------------------------------------------------------------------
-
-HEALTH_PROTO = """
-syntax = "proto3";
-package grpc.health.v1;
-message HealthCheckRequest { string service = 1; }
-message HealthCheckResponse {
-  enum ServingStatus { UNKNOWN = 0; SERVING = 1; NOT_SERVING = 2; SERVICE_UNKNOWN = 3; }
-  ServingStatus status = 1;
-}
-service Health { rpc Check(HealthCheckRequest) returns (HealthCheckResponse); }
-"""
-
-# The subset of grpc/reflection/v1alpha/reflection.proto that list_services
-# needs (field numbers as upstream; unknown fields are skipped on parse).
-REFLECTION_PROTO = """
-syntax = "proto3";
-package grpc.reflection.v1alpha;
-message ServerReflectionRequest {
-  string host = 1;
-  oneof message_request {
-    string file_by_filename = 3;
-    string file_containing_symbol = 4;
-    string list_services = 7;
-  }
-}
-message ServiceResponse { string name = 1; }
-message ListServiceResponse { repeated ServiceResponse service = 1; }
-message ErrorResponse { int32 error_code = 1; string error_message = 2; }
-message ServerReflectionResponse {
-  string valid_host = 1;
-  ServerReflectionRequest original_request = 2;
-  oneof message_response {
-    ListServiceResponse list_services_response = 6;
-    ErrorResponse error_response = 7;
-  }
-}
-service ServerReflection {
-  rpc ServerReflectionInfo(stream ServerReflectionRequest)
-      returns (stream ServerReflectionResponse);
-}
-"""
-
-
-def _protoc(include_dir, out_dir, proto):
-    """Compiles `proto` (relative to include_dir) to *_pb2.py in out_dir."""
-    attempts = [[sys.executable, "-m", "grpc_tools.protoc"]]
-    if shutil.which("protoc"):
-        attempts.append([shutil.which("protoc")])
-    errors = []
-    for cmd in attempts:
-        r = subprocess.run(cmd + ["-I", include_dir, "--python_out=" + out_dir, proto],
-                           capture_output=True, text=True)
-        if r.returncode == 0:
-            return
-        errors.append("%s: %s" % (" ".join(cmd), r.stderr.strip()))
-    raise RuntimeError("cannot compile %s:\n%s" % (proto, "\n".join(errors)))
-
-
-class Stubs:
-    pass
-
-
-@pytest.fixture(scope="session")
-def pb():
-    d = tempfile.mkdtemp(prefix="coalesce-e2e-stubs-")
-    extra = os.path.join(d, "extra")
-    for rel, text in (("grpc/health/v1/health.proto", HEALTH_PROTO),
-                      ("grpc/reflection/v1alpha/reflection.proto", REFLECTION_PROTO)):
-        path = os.path.join(extra, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            f.write(text)
-    out = os.path.join(d, "out")
-    os.makedirs(out)
-    _protoc(os.path.join(REPO, "proto"), out, "coalesce/v1/generator.proto")
-    _protoc(extra, out, "grpc/health/v1/health.proto")
-    _protoc(extra, out, "grpc/reflection/v1alpha/reflection.proto")
-    sys.path.insert(0, out)
-    from coalesce.v1 import generator_pb2
-    # `grpc` is the installed grpc package, so the generated grpc.health and
-    # grpc.reflection modules are loaded from their files, under other names.
-    import importlib.util
-
-    def load(name, rel):
-        spec = importlib.util.spec_from_file_location(name, os.path.join(out, rel))
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-
-    health_pb2 = load("e2e_health_pb2", "grpc/health/v1/health_pb2.py")
-    reflection_pb2 = load("e2e_reflection_pb2", "grpc/reflection/v1alpha/reflection_pb2.py")
-    s = Stubs()
-    s.g = generator_pb2
-    s.health = health_pb2
-    s.reflection = reflection_pb2
-    yield s
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def golden():
-    with open(GOLDEN_JSON) as f:
-        data = json.load(f)
-    cases = data["cases"]
-    assert len(cases) >= 2
-    return cases
-
-
-# ---------------------------------------------------------------------------
-# The server process
-# ---------------------------------------------------------------------------
-
-def _die_with_parent():
-    """In the child: SIGKILL it if pytest dies (e.g. killed by a ctest timeout)."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
-_SERVING_RE = re.compile(r"serving (\S+) on ([0-9.]+):(\d+) \(metrics port (-?\d+)\)")
-_RUNNING_SERVERS = []
-
-
-class Server:
-    def __init__(self, extra_flags=()):
-        if not os.path.exists(SERVER):
-            pytest.fail("server binary not found: %s (set COALESCE_SERVER)" % SERVER)
-        for f in (MODEL_BIN, TOKENIZER_BIN):
-            if not os.path.exists(f):
-                pytest.fail("model file not found: %s (set COALESCE_MODELS_DIR)" % f)
-        self.cmd = [SERVER, "--model=" + MODEL_BIN, "--tokenizer=" + TOKENIZER_BIN,
-                    "--port=0", "--metrics_port=0", "--host=127.0.0.1"] + list(extra_flags)
-        self._log = []
-        self._lock = threading.Lock()
-        self._serving = threading.Event()
-        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     preexec_fn=_die_with_parent)
-        self._reader = threading.Thread(target=self._drain, daemon=True)
-        self._reader.start()
-        self.port = self.metrics_port = None
-        if not self._serving.wait(60):
-            self.kill()
-            pytest.fail("server did not log 'serving ' within 60 s; cmd %s\nlog:\n%s"
-                        % (" ".join(self.cmd), self.log()))
-        if self.port is None:
-            self.kill()
-            pytest.fail("server exited before serving (rc %s); log:\n%s"
-                        % (self.proc.returncode, self.log()))
-        self.address = "127.0.0.1:%d" % self.port
-        _RUNNING_SERVERS.append(self)
-
-    def _drain(self):
-        for raw in iter(self.proc.stdout.readline, b""):
-            line = raw.decode("utf-8", "replace")
-            with self._lock:
-                self._log.append(line)
-            if self.port is None:
-                m = _SERVING_RE.search(line)
-                if m:
-                    self.port = int(m.group(3))
-                    self.metrics_port = int(m.group(4))
-                    self._serving.set()
-        self.proc.wait()
-        self._serving.set()
-
-    def log(self, start=0):
-        with self._lock:
-            return "".join(self._log[start:])
-
-    def log_len(self):
-        with self._lock:
-            return len(self._log)
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
-        self._reader.join(5)
-        if self in _RUNNING_SERVERS:
-            _RUNNING_SERVERS.remove(self)
-
-
-@pytest.fixture(autouse=True)
-def _server_log_on_failure():
-    """Prints each running server's log lines from this test. pytest shows the
-    captured output only for tests that fail."""
-    marks = {id(s): s.log_len() for s in _RUNNING_SERVERS}
-    yield
-    for s in list(_RUNNING_SERVERS):
-        start = marks.get(id(s), 0)
-        sys.stderr.write("---- server log (%s), from this test ----\n%s"
-                         % (" ".join(s.cmd[4:]), s.log(start)))
-
-
-def _start(extra_flags):
-    server = Server(extra_flags)
-    try:
-        client = Client(server)
-    except Exception:
-        server.kill()
-        raise
-    return server, client
-
-
-# ---------------------------------------------------------------------------
-# The client
-# ---------------------------------------------------------------------------
-
-class Result:
-    def __init__(self):
-        self.msgs = []       # GenerateResponse, in order
-        self.times = []      # arrival time of each, seconds since the call started
-        self.ids = []
-        self.text = ""
-        self.finish = None
-        self.usage = None
-        self.code = None     # grpc.StatusCode of a failed call, else None
-        self.details = None
-
-    def __repr__(self):
-        return ("Result(code=%s, details=%r, finish=%s, n_ids=%d, ids=%s, text=%r, usage=%s)"
-                % (self.code, self.details, self.finish, len(self.ids), self.ids, self.text,
-                   None if self.usage is None else
-                   (self.usage.prompt_tokens, self.usage.completion_tokens)))
-
-
-class Client:
-    def __init__(self, server):
-        self.server = server
-        self.channel = grpc.insecure_channel(server.address)
-        grpc.channel_ready_future(self.channel).result(timeout=30)
-        self.pb = None
-
-    def bind(self, pb):
-        self.pb = pb
-        g = pb.g
-        m = "/coalesce.v1.Generator/"
-        self._generate = self.channel.unary_stream(
-            m + "Generate", request_serializer=g.GenerateRequest.SerializeToString,
-            response_deserializer=g.GenerateResponse.FromString)
-        self._generate_raw = self.channel.unary_stream(
-            m + "Generate", request_serializer=g.GenerateRequest.SerializeToString,
-            response_deserializer=lambda b: b)
-        self._info = self.channel.unary_unary(
-            m + "GetModelInfo", request_serializer=g.GetModelInfoRequest.SerializeToString,
-            response_deserializer=g.ModelInfo.FromString)
-        self._tokenize = self.channel.unary_unary(
-            m + "Tokenize", request_serializer=g.TokenizeRequest.SerializeToString,
-            response_deserializer=g.TokenizeResponse.FromString)
-        self._detokenize = self.channel.unary_unary(
-            m + "Detokenize", request_serializer=g.DetokenizeRequest.SerializeToString,
-            response_deserializer=g.DetokenizeResponse.FromString)
-        self._health = self.channel.unary_unary(
-            "/grpc.health.v1.Health/Check",
-            request_serializer=pb.health.HealthCheckRequest.SerializeToString,
-            response_deserializer=pb.health.HealthCheckResponse.FromString)
-        self._reflect = self.channel.stream_stream(
-            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-            request_serializer=pb.reflection.ServerReflectionRequest.SerializeToString,
-            response_deserializer=pb.reflection.ServerReflectionResponse.FromString)
-        return self
-
-    def close(self):
-        self.channel.close()
-
-    # -- requests ----------------------------------------------------------
-    def request(self, prompt=None, ids=None, max_new_tokens=16, temperature=None,
-                top_k=None, top_p=None, seed=None, stop=(), request_id=""):
-        g = self.pb.g
-        r = g.GenerateRequest(max_new_tokens=max_new_tokens, request_id=request_id)
-        if prompt is not None:
-            r.prompt = prompt
-        if ids is not None:
-            r.prompt_token_ids.extend(ids)
-        if temperature is not None:
-            r.sampling.temperature = temperature
-        if top_k is not None:
-            r.sampling.top_k = top_k
-        if top_p is not None:
-            r.sampling.top_p = top_p
-        if seed is not None:
-            r.sampling.seed = seed
-        r.stop.extend(stop)
-        return r
-
-    def generate(self, req, timeout=RPC_TIMEOUT):
-        """Runs one Generate call to its end; a failed call is recorded, not raised."""
-        res = Result()
-        t0 = time.monotonic()
-        call = self._generate(req, timeout=timeout)
-        try:
-            for msg in call:
-                res.times.append(time.monotonic() - t0)
-                res.msgs.append(msg)
-                res.ids.extend(msg.token_ids)
-                res.text += msg.text
-        except grpc.RpcError as e:
-            res.code = e.code()
-            res.details = e.details()
-            return res
-        if res.msgs:
-            res.finish = res.msgs[-1].finish_reason
-            res.usage = res.msgs[-1].usage
-        return res
-
-    def generate_call(self, req, timeout=RPC_TIMEOUT):
-        return self._generate(req, timeout=timeout)
-
-    def generate_raw(self, req, timeout=RPC_TIMEOUT):
-        return list(self._generate_raw(req, timeout=timeout))
-
-    def info(self):
-        return self._info(self.pb.g.GetModelInfoRequest(), timeout=RPC_TIMEOUT)
-
-    def tokenize(self, text, add_special_tokens):
-        return list(self._tokenize(self.pb.g.TokenizeRequest(
-            text=text, add_special_tokens=add_special_tokens), timeout=RPC_TIMEOUT).token_ids)
-
-    def detokenize(self, ids):
-        return self._detokenize(self.pb.g.DetokenizeRequest(token_ids=ids),
-                                timeout=RPC_TIMEOUT).text
-
-    def health(self, service="", timeout=RPC_TIMEOUT):
-        return self._health(self.pb.health.HealthCheckRequest(service=service),
-                            timeout=timeout).status
-
-    def list_services(self):
-        req = self.pb.reflection.ServerReflectionRequest(list_services="*")
-        responses = list(self._reflect(iter([req]), timeout=RPC_TIMEOUT))
-        assert len(responses) == 1, responses
-        r = responses[0]
-        assert r.WhichOneof("message_response") == "list_services_response", r
-        return [s.name for s in r.list_services_response.service]
-
-    # -- metrics -----------------------------------------------------------
-    def metrics(self):
-        url = "http://127.0.0.1:%d/metrics" % self.server.metrics_port
-        with urllib.request.urlopen(url, timeout=10) as f:
-            return parse_metrics(f.read().decode("utf-8"))
-
-
-_METRIC_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
-_LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-class Metrics(dict):
-    """(name, ((label, value), ...)) -> float."""
-
-    def get(self, name, **labels):
-        key = (name, tuple(sorted(labels.items())))
-        if key not in self:
-            raise AssertionError("metric %s%s missing; have: %s" % (
-                name, labels, sorted(k for k in self if k[0].startswith(name[:12]))))
-        return self[key]
-
-    def bucket(self, name, le):
-        return self.get(name + "_bucket", le=le)
-
-
-def parse_metrics(text):
-    out = Metrics()
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _METRIC_RE.match(line)
-        assert m, "unparsable metrics line: %r" % line
-        labels = tuple(sorted(_LABEL_RE.findall(m.group(3) or "")))
-        out[(m.group(1), labels)] = float(m.group(4))
-    return out
-
-
-def wait_for(predicate, timeout, interval=0.05):
-    end = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > end:
-            return value
-        time.sleep(interval)
-
-
-def run_concurrently(fns):
-    """Runs the callables at once (released together by a barrier); returns
-    their results in order."""
-    barrier = threading.Barrier(len(fns))
-
-    def wrap(fn):
-        barrier.wait(10)
-        return fn()
-
-    with concurrent.futures.ThreadPoolExecutor(len(fns)) as ex:
-        futures = [ex.submit(wrap, fn) for fn in fns]
-        return [f.result(timeout=120) for f in futures]
-
+from e2e_support import *  # noqa: F401,F403  the shared server, client and metrics helpers
 
 # ---------------------------------------------------------------------------
 # Servers (one per flag set)
@@ -456,7 +27,7 @@ def run_concurrently(fns):
 @pytest.fixture(scope="module")
 def srv(pb):
     """The default server (5 ms window, 16 slots), with a 64 KiB message limit."""
-    server, client = _start(["--max_request_bytes=65536"])
+    server, client = start_server(["--max_request_bytes=65536"])
     client.bind(pb)
     yield client
     client.close()
@@ -465,7 +36,7 @@ def srv(pb):
 
 @pytest.fixture(scope="module")
 def batch_srv(pb):
-    server, client = _start(["--batch_window=200ms", "--max_batch_size=8"])
+    server, client = start_server(["--batch_window=200ms", "--max_batch_size=8"])
     client.bind(pb)
     yield client
     client.close()
@@ -474,7 +45,7 @@ def batch_srv(pb):
 
 @pytest.fixture(scope="module")
 def static_srv(pb):
-    server, client = _start(["--batching=static", "--batch_window=50ms"])
+    server, client = start_server(["--batching=static", "--batch_window=50ms"])
     client.bind(pb)
     yield client
     client.close()
@@ -605,68 +176,8 @@ def test_streaming_is_incremental(srv, golden):
 # 4. Cancellation and deadlines free their slots
 # ---------------------------------------------------------------------------
 
-def _wait_idle(client, timeout=10):
-    def idle():
-        m = client.metrics()
-        return (m.get("coalesce_requests_running") == 0
-                and m.get("coalesce_requests_waiting") == 0
-                and m.get("coalesce_kv_cache_blocks", state="used") == 0) and m
-    m = wait_for(idle, timeout)
-    assert m, "server did not return to idle; last metrics: running %s waiting %s used %s" % (
-        client.metrics().get("coalesce_requests_running"),
-        client.metrics().get("coalesce_requests_waiting"),
-        client.metrics().get("coalesce_kv_cache_blocks", state="used"))
-    return m
-
-
-class BackgroundLoad:
-    """Threads that keep `n` long greedy generations running until stopped,
-    so that engine steps are wide and a single generation lasts long enough
-    to be cancelled mid-way even on a fast machine. Each result is checked
-    against the same request run alone."""
-
-    PROMPTS = ("Tim", "Sam had a red ball", "The sun was", "Ben and Mia")
-
-    def __init__(self, client, n=12, max_new_tokens=400):
-        self.client = client
-        self.reqs = [client.request(prompt=self.PROMPTS[i % len(self.PROMPTS)],
-                                    max_new_tokens=max_new_tokens) for i in range(n)]
-        self.stop = threading.Event()
-        self.results = [[] for _ in range(n)]
-        self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(n)]
-
-    def _run(self, i):
-        while not self.stop.is_set():
-            self.results[i].append(self.client.generate(self.reqs[i]))
-
-    def __enter__(self):
-        self.solo = {r.prompt: self.client.generate(r) for r in self.reqs}
-        for t in self.threads:
-            t.start()
-        # Wait until they are all running.
-        wait_for(lambda: self.client.metrics().get("coalesce_requests_running")
-                 >= len(self.reqs), 10, interval=0.005)
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        for t in self.threads:
-            t.join(60)
-        if exc[0] is not None:
-            return False  # do not mask the test's own failure
-        for req, results in zip(self.reqs, self.results):
-            for r in results:
-                assert r.code is None, "background request failed: %r" % r
-                assert r.ids == self.solo[req.prompt].ids, "background request changed"
-        return False
-
-    def ok_count(self):
-        """Generate calls made (solo runs included), all of which succeeded."""
-        return sum(len(r) for r in self.results) + len(self.reqs)
-
-
 def test_cancel_frees_slot(srv, golden):
-    before = _wait_idle(srv)
+    before = wait_idle(srv)
     cancelled_before = before.get("coalesce_requests_total", status="cancelled")
     ok_before = before.get("coalesce_requests_total", status="ok")
     case = golden[0]
@@ -695,7 +206,7 @@ def test_cancel_frees_slot(srv, golden):
                         == cancelled_before + 1, 5), "cancelled counter did not increase"
     assert got[:3] == case["output_ids"][:3]
     assert running_seen >= 2 and used_seen >= 2, (running_seen, used_seen)
-    after = _wait_idle(srv)
+    after = wait_idle(srv)
     assert after.get("coalesce_requests_total", status="cancelled") == cancelled_before + 1
     assert after.get("coalesce_requests_total", status="ok") == ok_before + load.ok_count()
     # The server still serves.
@@ -704,7 +215,7 @@ def test_cancel_frees_slot(srv, golden):
 
 
 def test_deadline_exceeded_while_running_frees_slot(srv, golden):
-    before = _wait_idle(srv)
+    before = wait_idle(srv)
     dl_before = before.get("coalesce_requests_total", status="deadline_exceeded")
     req = srv.request(prompt=golden[0]["prompt"], max_new_tokens=CONTEXT - 5)
     with BackgroundLoad(srv):
@@ -732,7 +243,7 @@ def test_deadline_exceeded_while_running_frees_slot(srv, golden):
         % (timeout, full_s))
     for res in expired:
         assert res.ids == full.ids[:len(res.ids)]
-    after = _wait_idle(srv)
+    after = wait_idle(srv)
     # No expired call was counted as a plain cancel. (A call can also expire
     # on the client after the server sent its last token, while the loaded
     # client is still reading: the server rightly counts that one "ok".)
@@ -746,12 +257,12 @@ def test_deadline_exceeded_while_waiting(batch_srv, golden):
     """Alone on the 200 ms-window server, a request waits for companions; a
     100 ms deadline ends it in the queue."""
     c = batch_srv
-    before = _wait_idle(c)
+    before = wait_idle(c)
     dl_before = before.get("coalesce_requests_total", status="deadline_exceeded")
     res = c.generate(c.request(prompt=golden[0]["prompt"], max_new_tokens=50), timeout=0.1)
     assert res.code == grpc.StatusCode.DEADLINE_EXCEEDED, res
     assert res.ids == []
-    after = _wait_idle(c)
+    after = wait_idle(c)
     assert after.get("coalesce_requests_total", status="deadline_exceeded") == dl_before + 1
     # Nothing of it ran: it never reached the engine's batch.
     assert after.get("coalesce_generated_tokens_total") == before.get(
@@ -804,7 +315,7 @@ def test_bad_inputs(srv, golden):
     n_invalid = len(bad)
     oversized = R(prompt="x" * 100_000, max_new_tokens=5)  # > --max_request_bytes=65536
 
-    before = _wait_idle(srv)
+    before = wait_idle(srv)
     inv_before = before.get("coalesce_requests_total", status="invalid_argument")
     ok_before = before.get("coalesce_requests_total", status="ok")
 
@@ -853,13 +364,13 @@ def test_bad_inputs(srv, golden):
     for i, r in enumerate(good_results):
         assert_golden(r, case, "concurrent good stream #%d" % i)
 
-    after = _wait_idle(srv)
+    after = wait_idle(srv)
     assert after.get("coalesce_requests_total", status="invalid_argument") == inv_before + n_invalid
     # And afterwards the server still serves correctly.
     for c in golden:
         assert_golden(srv.generate(R(prompt=c["prompt"], max_new_tokens=len(c["output_ids"]))),
                       c, "after the bad inputs")
-    after2 = _wait_idle(srv)
+    after2 = wait_idle(srv)
     assert after2.get("coalesce_requests_total", status="ok") == (
         ok_before + len(good_results) + len(golden))
 
@@ -1042,7 +553,7 @@ def test_utf8_split_character_in_output(srv):
 
 def test_batching_visible_in_metrics(batch_srv, golden):
     c = batch_srv
-    before = _wait_idle(c)
+    before = wait_idle(c)
     reqs = []
     for i in range(8):
         case = golden[i % 2]
@@ -1053,7 +564,7 @@ def test_batching_visible_in_metrics(batch_srv, golden):
         assert res.code is None, res
         assert res.ids == case["output_ids"][:40 + 10 * i], "request %d: %r" % (i, res)
         assert res.finish == 1
-    after = _wait_idle(c)
+    after = wait_idle(c)
 
     def d(name, **labels):
         return after.get(name, **labels) - before.get(name, **labels)
@@ -1081,13 +592,13 @@ def test_batching_visible_in_metrics(batch_srv, golden):
 
 def test_lone_request_waits_for_the_window(batch_srv, golden):
     c = batch_srv
-    before = _wait_idle(c)
+    before = wait_idle(c)
     res = c.generate(c.request(prompt=golden[0]["prompt"], max_new_tokens=5))
     assert res.ids == golden[0]["output_ids"][:5]
     # Alone, it may only start when the 200 ms window closes (rule c).
     assert res.times[0] >= 0.19, "first token after %.3f s" % res.times[0]
     assert res.times[0] < 5.0
-    after = _wait_idle(c)
+    after = wait_idle(c)
     waited = (after.get("coalesce_queue_wait_seconds_sum")
               - before.get("coalesce_queue_wait_seconds_sum"))
     assert 0.19 <= waited < 5.0, waited
@@ -1109,7 +620,7 @@ def test_health_and_reflection(srv, pb):
 # ---------------------------------------------------------------------------
 
 def test_sigterm_drains(pb, golden):
-    server, client = _start(["--grace_period=20s"])
+    server, client = start_server(["--grace_period=20s"])
     try:
         client.bind(pb)
         case = golden[0]
@@ -1169,7 +680,7 @@ def test_sigterm_drains(pb, golden):
 
 
 def test_sigterm_idle_server_exits_quickly(pb):
-    server, client = _start([])
+    server, client = start_server([])
     try:
         client.bind(pb)
         assert client.health() == pb.health.HealthCheckResponse.SERVING

@@ -1,0 +1,446 @@
+"""What the end-to-end tests share: the server process, a gRPC client of
+coalesce.v1 with health and reflection, and a Prometheus text parser.
+
+Python stubs are generated at test time into a temporary folder. Only the
+message classes (*_pb2) are generated; calls go through grpc's generic
+multi-callables, so no grpc python plugin is needed. Debian bookworm's
+python3-grpc-tools (1.14.1) bundles a protoc too old for proto3 `optional`,
+so when `python3 -m grpc_tools.protoc` fails the system `protoc` is used.
+"""
+
+import concurrent.futures
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import grpc
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SERVER = os.environ.get("COALESCE_SERVER") or os.path.join(REPO, "build", "bin", "coalesce-server")
+MODELS = os.environ.get("COALESCE_MODELS_DIR") or os.path.join(REPO, "..", "shared", "models")
+MODEL_BIN = os.path.join(MODELS, "stories260K", "stories260K.bin")
+TOKENIZER_BIN = os.path.join(MODELS, "stories260K", "tok512.bin")
+GOLDEN_JSON = os.path.join(MODELS, "stories260K", "golden.json")
+
+VOCAB = 512
+CONTEXT = 512
+RPC_TIMEOUT = 60  # seconds; no call in this file should come near it
+
+# ---------------------------------------------------------------------------
+# Stubs
+# ---------------------------------------------------------------------------
+
+HEALTH_PROTO = """
+syntax = "proto3";
+package grpc.health.v1;
+message HealthCheckRequest { string service = 1; }
+message HealthCheckResponse {
+  enum ServingStatus { UNKNOWN = 0; SERVING = 1; NOT_SERVING = 2; SERVICE_UNKNOWN = 3; }
+  ServingStatus status = 1;
+}
+service Health { rpc Check(HealthCheckRequest) returns (HealthCheckResponse); }
+"""
+
+# The subset of grpc/reflection/v1alpha/reflection.proto that list_services
+# needs (field numbers as upstream; unknown fields are skipped on parse).
+REFLECTION_PROTO = """
+syntax = "proto3";
+package grpc.reflection.v1alpha;
+message ServerReflectionRequest {
+  string host = 1;
+  oneof message_request {
+    string file_by_filename = 3;
+    string file_containing_symbol = 4;
+    string list_services = 7;
+  }
+}
+message ServiceResponse { string name = 1; }
+message ListServiceResponse { repeated ServiceResponse service = 1; }
+message ErrorResponse { int32 error_code = 1; string error_message = 2; }
+message ServerReflectionResponse {
+  string valid_host = 1;
+  ServerReflectionRequest original_request = 2;
+  oneof message_response {
+    ListServiceResponse list_services_response = 6;
+    ErrorResponse error_response = 7;
+  }
+}
+service ServerReflection {
+  rpc ServerReflectionInfo(stream ServerReflectionRequest)
+      returns (stream ServerReflectionResponse);
+}
+"""
+
+
+def _protoc(include_dir, out_dir, proto):
+    """Compiles `proto` (relative to include_dir) to *_pb2.py in out_dir."""
+    attempts = [[sys.executable, "-m", "grpc_tools.protoc"]]
+    if shutil.which("protoc"):
+        attempts.append([shutil.which("protoc")])
+    errors = []
+    for cmd in attempts:
+        r = subprocess.run(cmd + ["-I", include_dir, "--python_out=" + out_dir, proto],
+                           capture_output=True, text=True)
+        if r.returncode == 0:
+            return
+        errors.append("%s: %s" % (" ".join(cmd), r.stderr.strip()))
+    raise RuntimeError("cannot compile %s:\n%s" % (proto, "\n".join(errors)))
+
+
+class Stubs:
+    pass
+
+
+# ---------------------------------------------------------------------------
+# The server process
+# ---------------------------------------------------------------------------
+
+def _die_with_parent():
+    """In the child: SIGKILL it if pytest dies (e.g. killed by a ctest timeout)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+_SERVING_RE = re.compile(r"serving (\S+) on ([0-9.]+):(\d+) \(metrics port (-?\d+)\)")
+_RUNNING_SERVERS = []
+
+
+class Server:
+    def __init__(self, extra_flags=()):
+        if not os.path.exists(SERVER):
+            pytest.fail("server binary not found: %s (set COALESCE_SERVER)" % SERVER)
+        for f in (MODEL_BIN, TOKENIZER_BIN):
+            if not os.path.exists(f):
+                pytest.fail("model file not found: %s (set COALESCE_MODELS_DIR)" % f)
+        self.cmd = [SERVER, "--model=" + MODEL_BIN, "--tokenizer=" + TOKENIZER_BIN,
+                    "--port=0", "--metrics_port=0", "--host=127.0.0.1"] + list(extra_flags)
+        self._log = []
+        self._lock = threading.Lock()
+        self._serving = threading.Event()
+        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     preexec_fn=_die_with_parent)
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+        self.port = self.metrics_port = None
+        if not self._serving.wait(60):
+            self.kill()
+            pytest.fail("server did not log 'serving ' within 60 s; cmd %s\nlog:\n%s"
+                        % (" ".join(self.cmd), self.log()))
+        if self.port is None:
+            self.kill()
+            pytest.fail("server exited before serving (rc %s); log:\n%s"
+                        % (self.proc.returncode, self.log()))
+        self.address = "127.0.0.1:%d" % self.port
+        _RUNNING_SERVERS.append(self)
+
+    def _drain(self):
+        for raw in iter(self.proc.stdout.readline, b""):
+            line = raw.decode("utf-8", "replace")
+            with self._lock:
+                self._log.append(line)
+            if self.port is None:
+                m = _SERVING_RE.search(line)
+                if m:
+                    self.port = int(m.group(3))
+                    self.metrics_port = int(m.group(4))
+                    self._serving.set()
+        self.proc.wait()
+        self._serving.set()
+
+    def log(self, start=0):
+        with self._lock:
+            return "".join(self._log[start:])
+
+    def log_len(self):
+        with self._lock:
+            return len(self._log)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        self._reader.join(5)
+        if self in _RUNNING_SERVERS:
+            _RUNNING_SERVERS.remove(self)
+
+
+def start_server(extra_flags):
+    server = Server(extra_flags)
+    try:
+        client = Client(server)
+    except Exception:
+        server.kill()
+        raise
+    return server, client
+
+
+# ---------------------------------------------------------------------------
+# The client
+# ---------------------------------------------------------------------------
+
+class Result:
+    def __init__(self):
+        self.msgs = []       # GenerateResponse, in order
+        self.times = []      # arrival time of each, seconds since the call started
+        self.ids = []
+        self.text = ""
+        self.finish = None
+        self.usage = None
+        self.code = None     # grpc.StatusCode of a failed call, else None
+        self.details = None
+        self.trailing = {}   # trailing metadata of a failed call
+        self.elapsed = None  # seconds from the call to its end
+
+    def __repr__(self):
+        return ("Result(code=%s, details=%r, finish=%s, n_ids=%d, ids=%s, text=%r, usage=%s)"
+                % (self.code, self.details, self.finish, len(self.ids), self.ids, self.text,
+                   None if self.usage is None else
+                   (self.usage.prompt_tokens, self.usage.completion_tokens)))
+
+
+class Client:
+    def __init__(self, server):
+        self.server = server
+        self.channel = grpc.insecure_channel(server.address)
+        grpc.channel_ready_future(self.channel).result(timeout=30)
+        self.pb = None
+
+    def bind(self, pb):
+        self.pb = pb
+        g = pb.g
+        m = "/coalesce.v1.Generator/"
+        self._generate = self.channel.unary_stream(
+            m + "Generate", request_serializer=g.GenerateRequest.SerializeToString,
+            response_deserializer=g.GenerateResponse.FromString)
+        self._generate_raw = self.channel.unary_stream(
+            m + "Generate", request_serializer=g.GenerateRequest.SerializeToString,
+            response_deserializer=lambda b: b)
+        self._info = self.channel.unary_unary(
+            m + "GetModelInfo", request_serializer=g.GetModelInfoRequest.SerializeToString,
+            response_deserializer=g.ModelInfo.FromString)
+        self._tokenize = self.channel.unary_unary(
+            m + "Tokenize", request_serializer=g.TokenizeRequest.SerializeToString,
+            response_deserializer=g.TokenizeResponse.FromString)
+        self._detokenize = self.channel.unary_unary(
+            m + "Detokenize", request_serializer=g.DetokenizeRequest.SerializeToString,
+            response_deserializer=g.DetokenizeResponse.FromString)
+        self._health = self.channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=pb.health.HealthCheckRequest.SerializeToString,
+            response_deserializer=pb.health.HealthCheckResponse.FromString)
+        self._reflect = self.channel.stream_stream(
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+            request_serializer=pb.reflection.ServerReflectionRequest.SerializeToString,
+            response_deserializer=pb.reflection.ServerReflectionResponse.FromString)
+        return self
+
+    def close(self):
+        self.channel.close()
+
+    # -- requests ----------------------------------------------------------
+    def request(self, prompt=None, ids=None, max_new_tokens=16, temperature=None,
+                top_k=None, top_p=None, seed=None, stop=(), request_id="", priority=0):
+        g = self.pb.g
+        r = g.GenerateRequest(max_new_tokens=max_new_tokens, request_id=request_id,
+                              priority=priority)
+        if prompt is not None:
+            r.prompt = prompt
+        if ids is not None:
+            r.prompt_token_ids.extend(ids)
+        if temperature is not None:
+            r.sampling.temperature = temperature
+        if top_k is not None:
+            r.sampling.top_k = top_k
+        if top_p is not None:
+            r.sampling.top_p = top_p
+        if seed is not None:
+            r.sampling.seed = seed
+        r.stop.extend(stop)
+        return r
+
+    def generate(self, req, timeout=RPC_TIMEOUT):
+        """Runs one Generate call to its end; a failed call is recorded, not raised."""
+        res = Result()
+        t0 = time.monotonic()
+        call = self._generate(req, timeout=timeout)
+        try:
+            for msg in call:
+                res.times.append(time.monotonic() - t0)
+                res.msgs.append(msg)
+                res.ids.extend(msg.token_ids)
+                res.text += msg.text
+        except grpc.RpcError as e:
+            res.code = e.code()
+            res.details = e.details()
+            res.trailing = dict(e.trailing_metadata() or ())
+            res.elapsed = time.monotonic() - t0
+            return res
+        res.elapsed = time.monotonic() - t0
+        if res.msgs:
+            res.finish = res.msgs[-1].finish_reason
+            res.usage = res.msgs[-1].usage
+        return res
+
+    def generate_call(self, req, timeout=RPC_TIMEOUT):
+        return self._generate(req, timeout=timeout)
+
+    def generate_raw(self, req, timeout=RPC_TIMEOUT):
+        return list(self._generate_raw(req, timeout=timeout))
+
+    def info(self):
+        return self._info(self.pb.g.GetModelInfoRequest(), timeout=RPC_TIMEOUT)
+
+    def tokenize(self, text, add_special_tokens):
+        return list(self._tokenize(self.pb.g.TokenizeRequest(
+            text=text, add_special_tokens=add_special_tokens), timeout=RPC_TIMEOUT).token_ids)
+
+    def detokenize(self, ids):
+        return self._detokenize(self.pb.g.DetokenizeRequest(token_ids=ids),
+                                timeout=RPC_TIMEOUT).text
+
+    def health(self, service="", timeout=RPC_TIMEOUT):
+        return self._health(self.pb.health.HealthCheckRequest(service=service),
+                            timeout=timeout).status
+
+    def list_services(self):
+        req = self.pb.reflection.ServerReflectionRequest(list_services="*")
+        responses = list(self._reflect(iter([req]), timeout=RPC_TIMEOUT))
+        assert len(responses) == 1, responses
+        r = responses[0]
+        assert r.WhichOneof("message_response") == "list_services_response", r
+        return [s.name for s in r.list_services_response.service]
+
+    # -- metrics -----------------------------------------------------------
+    def metrics(self):
+        url = "http://127.0.0.1:%d/metrics" % self.server.metrics_port
+        with urllib.request.urlopen(url, timeout=10) as f:
+            return parse_metrics(f.read().decode("utf-8"))
+
+
+_METRIC_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
+_LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+class Metrics(dict):
+    """(name, ((label, value), ...)) -> float."""
+
+    def get(self, name, **labels):
+        key = (name, tuple(sorted(labels.items())))
+        if key not in self:
+            raise AssertionError("metric %s%s missing; have: %s" % (
+                name, labels, sorted(k for k in self if k[0].startswith(name[:12]))))
+        return self[key]
+
+    def bucket(self, name, le):
+        return self.get(name + "_bucket", le=le)
+
+
+def parse_metrics(text):
+    out = Metrics()
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _METRIC_RE.match(line)
+        assert m, "unparsable metrics line: %r" % line
+        labels = tuple(sorted(_LABEL_RE.findall(m.group(3) or "")))
+        out[(m.group(1), labels)] = float(m.group(4))
+    return out
+
+
+def wait_for(predicate, timeout, interval=0.05):
+    end = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > end:
+            return value
+        time.sleep(interval)
+
+
+def run_concurrently(fns):
+    """Runs the callables at once (released together by a barrier); returns
+    their results in order."""
+    barrier = threading.Barrier(len(fns))
+
+    def wrap(fn):
+        barrier.wait(10)
+        return fn()
+
+    with concurrent.futures.ThreadPoolExecutor(len(fns)) as ex:
+        futures = [ex.submit(wrap, fn) for fn in fns]
+        return [f.result(timeout=120) for f in futures]
+
+
+def wait_idle(client, timeout=10):
+    def idle():
+        m = client.metrics()
+        return (m.get("coalesce_requests_running") == 0
+                and m.get("coalesce_requests_waiting") == 0
+                and m.get("coalesce_kv_cache_blocks", state="used") == 0) and m
+    m = wait_for(idle, timeout)
+    assert m, "server did not return to idle; last metrics: running %s waiting %s used %s" % (
+        client.metrics().get("coalesce_requests_running"),
+        client.metrics().get("coalesce_requests_waiting"),
+        client.metrics().get("coalesce_kv_cache_blocks", state="used"))
+    return m
+
+
+class BackgroundLoad:
+    """Threads that keep `n` long greedy generations running until stopped,
+    so that engine steps are wide and a single generation lasts long enough
+    to be cancelled mid-way even on a fast machine. Each result is checked
+    against the same request run alone."""
+
+    PROMPTS = ("Tim", "Sam had a red ball", "The sun was", "Ben and Mia")
+
+    def __init__(self, client, n=12, max_new_tokens=400):
+        self.client = client
+        self.reqs = [client.request(prompt=self.PROMPTS[i % len(self.PROMPTS)],
+                                    max_new_tokens=max_new_tokens) for i in range(n)]
+        self.stop = threading.Event()
+        self.results = [[] for _ in range(n)]
+        self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(n)]
+
+    def _run(self, i):
+        while not self.stop.is_set():
+            self.results[i].append(self.client.generate(self.reqs[i]))
+
+    def __enter__(self):
+        self.solo = {r.prompt: self.client.generate(r) for r in self.reqs}
+        for t in self.threads:
+            t.start()
+        # Wait until they are all running.
+        wait_for(lambda: self.client.metrics().get("coalesce_requests_running")
+                 >= len(self.reqs), 10, interval=0.005)
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(60)
+        if exc[0] is not None:
+            return False  # do not mask the test's own failure
+        for req, results in zip(self.reqs, self.results):
+            for r in results:
+                assert r.code is None, "background request failed: %r" % r
+                assert r.ids == self.solo[req.prompt].ids, "background request changed"
+        return False
+
+    def ok_count(self):
+        """Generate calls made (solo runs included), all of which succeeded."""
+        return sum(len(r) for r in self.results) + len(self.reqs)

@@ -1,0 +1,151 @@
+"""End-to-end tests of the scheduler under pressure, against the real server:
+a KV cache far too small for the load (preemption must not change any
+output and must leak nothing), and far more concurrent requests than the
+queue admits (the excess is refused at once, the rest complete correctly,
+and the server's memory stays bounded).
+
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/service/test_pressure_e2e.py
+"""
+
+import grpc
+import pytest
+
+from e2e_support import run_concurrently, start_server, wait_for, wait_idle
+
+PROMPTS = ["Once upon a time", "The little dog", "Tim and Sam", "The sun was hot",
+           "Lily had a red ball", "One day, a bird", "Mom said", "The big tree"]
+
+
+def rss_kib(server):
+    with open("/proc/%d/status" % server.proc.pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.fixture(scope="module")
+def small_cache(pb):
+    """stories260K needs 1280 bytes of KV cache per token: 30 blocks of 16
+    tokens (600 KiB) hold 480 tokens, about two of the 250-token requests
+    below. Chunked prefill with a small token budget, step logs on."""
+    server, client = start_server(["--kv_cache_memory=600KiB", "--kv_block_size=16",
+                                   "--max_batch_size=16", "--max_batch_tokens=64",
+                                   "--batch_window=0", "--log_level=debug", "--log_steps"])
+    client.bind(pb)
+    yield client
+    server.kill()
+
+
+def test_small_kv_cache_preempts_without_changing_outputs(small_cache):
+    c = small_cache
+    reqs = [c.request(prompt=p, max_new_tokens=240) for p in PROMPTS]
+    reqs += [c.request(prompt=p, max_new_tokens=240, temperature=0.9, top_p=0.95, seed=7 + i)
+             for i, p in enumerate(PROMPTS[:4])]
+    solo = [c.generate(r) for r in reqs]
+    for s in solo:
+        assert s.code is None and len(s.ids) > 50, s
+    before = wait_idle(c)
+
+    together = run_concurrently([lambda r=r: c.generate(r) for r in reqs])
+
+    for r, s, t in zip(reqs, solo, together):
+        assert t.code is None, t
+        assert t.ids == s.ids, "output changed under preemption for %r" % r.prompt
+        assert t.text == s.text
+    after = wait_idle(c)  # running, waiting and used blocks back to 0
+    assert after.get("coalesce_preemptions_total") > before.get("coalesce_preemptions_total")
+    assert after.get("coalesce_kv_cache_usage_ratio") == 0
+    assert (after.get("coalesce_requests_total", status="ok")
+            == before.get("coalesce_requests_total", status="ok") + len(reqs))
+    # Prompt chunks and decodes shared steps within the 64-token budget.
+    assert after.get("coalesce_batch_tokens_count", phase="decode") > 0
+    assert after.get("coalesce_batch_tokens_bucket", phase="prefill", le="64") == after.get(
+        "coalesce_batch_tokens_count", phase="prefill")
+    log = c.server.log()
+    assert "KV cache: 30 blocks of 16 tokens" in log
+    assert "preempted=" in log and "step: seqs=" in log
+
+
+def test_request_that_can_never_fit_is_refused_at_once(small_cache):
+    c = small_cache
+    # 500 tokens fit the 512-token context but not the 480-token cache.
+    res = c.generate(c.request(prompt="Once upon a time", max_new_tokens=495))
+    assert res.code == grpc.StatusCode.RESOURCE_EXHAUSTED, res
+    assert "KV cache" in res.details and "480 tokens" in res.details
+    m = wait_idle(c)
+    assert m.get("coalesce_requests_rejected_total", reason="too_long") >= 1
+
+
+@pytest.fixture(scope="module")
+def tiny_queue(pb):
+    server, client = start_server(["--max_batch_size=2", "--max_queue=4", "--batch_window=0",
+                                   "--max_queue_wait=30s"])
+    client.bind(pb)
+    yield client
+    server.kill()
+
+
+def test_overload_is_refused_fast_and_admitted_work_completes(tiny_queue):
+    c = tiny_queue
+    n = 48
+    reqs = [c.request(prompt=PROMPTS[i % len(PROMPTS)], max_new_tokens=300) for i in range(n)]
+    solo = {r.prompt: c.generate(r) for r in reqs[:len(PROMPTS)]}
+    before = wait_idle(c)
+    rss_before = rss_kib(c.server)
+
+    results = run_concurrently([lambda r=r: c.generate(r) for r in reqs])
+
+    ok = [r for r in results if r.code is None]
+    refused = [r for r in results if r.code is not None]
+    # At most 2 running + 4 waiting at any moment: most of 48 must be refused.
+    assert len(refused) >= n // 2, [r.code for r in results]
+    assert len(ok) >= 6
+    for req, res in zip(reqs, results):
+        if res.code is None:
+            assert res.ids == solo[req.prompt].ids
+    for r in refused:
+        assert r.code == grpc.StatusCode.RESOURCE_EXHAUSTED, r
+        assert "overloaded" in r.details and "retry" in r.details
+        assert r.trailing.get("grpc-retry-pushback-ms") == "1000"
+        assert r.ids == []
+    # Refusals come at once, not after queueing: faster than any completion.
+    fastest_ok = min(r.elapsed for r in ok)
+    slowest_refusal = max(r.elapsed for r in refused)
+    assert slowest_refusal < fastest_ok, (slowest_refusal, fastest_ok)
+    after = wait_idle(c)
+    assert (after.get("coalesce_requests_rejected_total", reason="queue_full")
+            - before.get("coalesce_requests_rejected_total", reason="queue_full")) == len(refused)
+    # Nothing buffered without bound: the refused calls left no memory behind.
+    assert rss_kib(c.server) - rss_before < 32 * 1024
+
+
+@pytest.fixture(scope="module")
+def one_slot(pb):
+    server, client = start_server(["--max_batch_size=1", "--batch_window=0",
+                                   "--max_queue_wait=10ms", "--priority_aging=0"])
+    client.bind(pb)
+    yield client
+    server.kill()
+
+
+def test_queue_timeout(one_slot):
+    c = one_slot
+    before = wait_idle(c)
+    # A long request holds the only slot; the next waits past --max_queue_wait.
+    long_req = c.request(prompt="Once upon a time", max_new_tokens=500 - 5)
+    short_req = c.request(prompt="The little dog", max_new_tokens=5)
+    results = run_concurrently([lambda: c.generate(long_req),
+                                lambda: (wait_for(lambda: c.metrics().get(
+                                    "coalesce_requests_running") == 1, 5, 0.002),
+                                         c.generate(short_req))[1]])
+    long_res, short_res = results
+    # 342 tokens take far longer than the 10 ms the short request may wait.
+    assert long_res.code is None and len(long_res.ids) > 300, long_res
+    assert short_res.code == grpc.StatusCode.RESOURCE_EXHAUSTED, short_res
+    assert "max_queue_wait" in short_res.details
+    after = wait_idle(c)
+    assert (after.get("coalesce_requests_rejected_total", reason="queue_timeout")
+            == before.get("coalesce_requests_rejected_total", reason="queue_timeout") + 1)
+    # The slot is free again: the same request now runs.
+    assert c.generate(short_req).code is None
