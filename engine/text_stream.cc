@@ -9,9 +9,11 @@ namespace coalesce::engine {
 TextStream::TextStream(const Tokenizer& tokenizer, int32_t last_prompt_token,
                        std::vector<std::string> stop_sequences)
     : tokenizer_(tokenizer), prev_(last_prompt_token) {
-  // An empty stop sequence would match before any text: ignore it.
+  // An empty stop sequence would match before any text, and one that is not
+  // valid UTF-8 could only match inside a character of the (always valid)
+  // output and cut it in half: ignore both.
   for (std::string& s : stop_sequences) {
-    if (!s.empty()) stops_.push_back(std::move(s));
+    if (!s.empty() && SanitizeUtf8(s) == s) stops_.push_back(std::move(s));
   }
 }
 

@@ -15,6 +15,7 @@ namespace coalesce::engine {
 class TextStream {
  public:
   // `last_prompt_token` is the context for the first generated token's bytes.
+  // Empty stop sequences and ones that are not valid UTF-8 are ignored.
   TextStream(const Tokenizer& tokenizer, int32_t last_prompt_token,
              std::vector<std::string> stop_sequences);
 

@@ -16,6 +16,8 @@ packages=(
   nlohmann-json3-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev clang-format git
+  # fuzzing: clang's libFuzzer, AddressSanitizer and UBSan runtimes
+  clang libclang-rt-14-dev
   # the Python gRPC client used by the end-to-end tests
   python3 python3-grpcio python3-grpc-tools python3-protobuf python3-pytest
 )

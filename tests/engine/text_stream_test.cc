@@ -56,6 +56,16 @@ TEST(TextStreamTest, NoStopsPassesTextThrough) {
   EXPECT_EQ(run.text, "Hello world");
 }
 
+TEST(TextStreamTest, InvalidUtf8StopNeverCutsACharacter) {
+  // "\xbf" is the middle byte of "\xef\xbf\xbd" (U+FFFD, what a lone
+  // continuation byte decodes to). A stop made of it must not match there.
+  FakeTokenizer tok({"", "a", "\xbf", "b"});
+  StreamRun run = Feed(tok, {1, 2, 3}, {"\xbf"});
+  EXPECT_FALSE(run.stopped);
+  EXPECT_EQ(run.text, "a\xef\xbf\xbd" "b");
+  EXPECT_EQ(SanitizeUtf8(run.text), run.text);
+}
+
 TEST(TextStreamTest, StopSequenceAcrossTokensIsCutOff) {
   FakeTokenizer tok({"", "The end", ". ST", "OP", " more"});
   StreamRun run = Feed(tok, {1, 2, 3, 4}, {"STOP"});
