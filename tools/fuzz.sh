@@ -16,7 +16,7 @@ cmake --build "$build" -j "$(nproc)" --target $targets
 for t in $targets; do
   echo "== $t: ${seconds}s"
   mkdir -p "$build/corpus/$t"
-  "$build/bin/$t" -max_total_time="$seconds" -rss_limit_mb=4096 -print_final_stats=0 \
+  "$build/bin/$t" -max_total_time="$seconds" -rss_limit_mb=4096 -artifact_prefix="$build/" \
     "$build/corpus/$t" 2>&1 | tail -n 3
 done
 echo "fuzzing: no crash, no sanitizer report"
