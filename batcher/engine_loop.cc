@@ -36,7 +36,8 @@ struct EngineLoop::Sequence {
   std::vector<int32_t> blocks;             // KV blocks in position order
   std::optional<engine::TextStream> text;  // from the first admission on
   absl::Time last_token_at;
-  bool preempted = false;  // admitted once, then sent back to the queue
+  absl::Duration window_wait;  // time held by the coalescing window
+  bool preempted = false;      // admitted once, then sent back to the queue
   bool done = false;
 };
 
@@ -50,6 +51,7 @@ EngineLoop::EngineLoop(engine::Backend* backend, const engine::Tokenizer* tokeni
       observer_(observer),
       block_size_(backend->kv_cache().block_size),
       total_blocks_(backend->kv_cache().num_blocks),
+      kv_bytes_per_token_(engine::KvBlockBytes(backend->config(), 1)),
       blocks_(backend->kv_cache().num_blocks) {}
 
 EngineLoop::~EngineLoop() { Stop(); }
@@ -224,6 +226,13 @@ Decision EngineLoop::ScheduleAndAdmit(absl::Time now) {
       ++imminent;
     }
   }
+  // Everyone waiting since the last decision was held by the window if that
+  // decision said so.
+  if (last_hold_ == HoldReason::kWindowOpen) {
+    for (auto& seq : waiting_) {
+      seq->window_wait += now - std::max(last_decision_at_, seq->request.arrival);
+    }
+  }
   std::vector<WaitingRequest> waiting;
   waiting.reserve(waiting_.size());
   for (const auto& seq : waiting_) {
@@ -236,6 +245,8 @@ Decision EngineLoop::ScheduleAndAdmit(absl::Time now) {
   Decision decision = scheduler_.Schedule(state, now);
   reconsider_at_ = decision.reconsider_at;
   decided_on_empty_engine_ = running_.empty();
+  last_hold_ = decision.hold;
+  last_decision_at_ = now;
 
   auto take = [this](uint64_t id) {
     auto it =
@@ -264,9 +275,14 @@ Decision EngineLoop::ScheduleAndAdmit(absl::Time now) {
         *blocks_.Allocate(BlocksForTokens(static_cast<int>(seq->tokens.size()), block_size_));
     if (!seq->preempted) {
       seq->text.emplace(*tokenizer_, seq->tokens.back(), seq->request.stop);
-      if (observer_ != nullptr) observer_->OnAdmitted(now - seq->request.arrival);
+      if (observer_ != nullptr) {
+        observer_->OnAdmitted(now - seq->request.arrival, seq->window_wait);
+      }
     }
     running_.push_back(std::move(seq));
+  }
+  if (observer_ != nullptr && !decision.admit.empty()) {
+    observer_->OnAdmission(static_cast<int>(decision.admit.size()));
   }
   return decision;
 }
@@ -311,7 +327,10 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
     step_tokens_.insert(step_tokens_.end(), first, first + chunk.num_tokens);
     step_seqs_.push_back({chunk.num_tokens, seq.num_cached, seq.blocks});
     step_owner_.push_back(&seq);
+    // Attention reads K and V of every position up to the chunk's last.
+    stats.bytes_read += (seq.num_cached + chunk.num_tokens) * kv_bytes_per_token_;
   }
+  stats.bytes_read += options_.weight_bytes;
   stats.num_seqs = static_cast<int>(plan.chunks.size());
   stats.prefill_tokens = plan.prefill_tokens;
   stats.decode_tokens = plan.decode_tokens;

@@ -47,6 +47,8 @@ struct EngineLoopOptions {
   // Waiting requests (never admitted, or preempted) at most; Submit refuses
   // more with RESOURCE_EXHAUSTED.
   int max_queue = 1024;
+  // Bytes of weights one step reads (for the bandwidth metric).
+  int64_t weight_bytes = 0;
   // Log one line per step at debug level: tokens, admissions, departures,
   // preemptions, and why waiting requests were not admitted.
   bool log_steps = false;
@@ -127,6 +129,7 @@ class EngineLoop {
   LoopObserver* const observer_;
   const int block_size_;
   const int total_blocks_;
+  const int64_t kv_bytes_per_token_;
 
   // ---- Shared with Submit/Cancel callers --------------------------------
   mutable absl::Mutex mu_;
@@ -144,6 +147,8 @@ class EngineLoop {
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order
   std::optional<absl::Time> reconsider_at_;         // from the last decision
   bool decided_on_empty_engine_ = false;            // the last decision saw no running sequence
+  HoldReason last_hold_ = HoldReason::kNone;        // of the last decision, taken at...
+  absl::Time last_decision_at_;                     // ...this time
   // Step buffers, reused.
   std::vector<RunningSequence> plan_input_;      // [num_running]
   std::vector<int32_t> step_tokens_;             // [total_tokens]

@@ -3,6 +3,7 @@
 // engine thread, so implementations must be cheap and must not block.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -12,6 +13,7 @@ namespace coalesce::batcher {
 
 struct StepStats {
   int num_seqs = 0;          // sequences in the step
+  int64_t bytes_read = 0;    // weights plus the KV cache the step's attention reads
   int prefill_tokens = 0;    // prompt (or recomputed) tokens processed
   int decode_tokens = 0;     // one per decoding sequence
   int generated_tokens = 0;  // new tokens sampled (a partial prefill samples none)
@@ -38,7 +40,11 @@ class LoopObserver {
   virtual ~LoopObserver() = default;
   virtual void OnStep(const StepStats& stats) {}
   virtual void OnQueue(const QueueStats& stats) {}
-  virtual void OnAdmitted(absl::Duration queue_wait) {}
+  // A new request joined the batch after `queue_wait` since its arrival, of
+  // which `window_wait` was spent held by the coalescing window.
+  virtual void OnAdmitted(absl::Duration queue_wait, absl::Duration window_wait) {}
+  // One scheduling decision admitted `requests` (>= 1) at once.
+  virtual void OnAdmission(int requests) {}
   virtual void OnFirstToken(absl::Duration time_to_first_token) {}
   virtual void OnInterToken(absl::Duration gap) {}
   virtual void OnFinished(const RequestSummary& summary) {}

@@ -47,7 +47,7 @@ prometheus::Counter& NewCounter(prometheus::Registry& registry, const std::strin
 
 }  // namespace
 
-ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry)
+ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry, const ServerInfo& info)
     : registry_(std::move(registry)),
       requests_total_(prometheus::BuildCounter()
                           .Name("coalesce_requests_total")
@@ -92,8 +92,6 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry)
                         .Register(*registry_)),
       prefill_tokens_per_step_(batch_tokens_.Add({{"phase", "prefill"}}, kBatchTokensBuckets)),
       decode_tokens_per_step_(batch_tokens_.Add({{"phase", "decode"}}, kBatchTokensBuckets)),
-      step_duration_(NewHistogram(*registry_, "coalesce_engine_step_seconds",
-                                  "Time of one batched engine step", kStepDurationBuckets)),
       kv_blocks_(prometheus::BuildGauge()
                      .Name("coalesce_kv_cache_blocks")
                      .Help("KV-cache blocks by state (free, used)")
@@ -101,7 +99,45 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry)
       kv_blocks_free_(kv_blocks_.Add({{"state", "free"}})),
       kv_blocks_used_(kv_blocks_.Add({{"state", "used"}})),
       kv_usage_ratio_(NewGauge(*registry_, "coalesce_kv_cache_usage_ratio",
-                               "Fraction of KV-cache blocks in use (0 to 1)")) {
+                               "Fraction of KV-cache blocks in use (0 to 1)")),
+      window_wait_(NewHistogram(*registry_, "coalesce_window_wait_seconds",
+                                "Time each admitted request was held by the coalescing window",
+                                kQueueWaitBuckets)),
+      admission_size_(NewHistogram(*registry_, "coalesce_admission_requests",
+                                   "Requests admitted together by one scheduling decision",
+                                   kBatchSizeBuckets)),
+      step_seconds_(prometheus::BuildHistogram()
+                        .Name("coalesce_engine_step_seconds")
+                        .Help("Time of one batched engine step, by phase: prefill (prompt "
+                              "tokens only), decode (decode tokens only), mixed")
+                        .Register(*registry_)),
+      step_prefill_seconds_(step_seconds_.Add({{"phase", "prefill"}}, kStepDurationBuckets)),
+      step_decode_seconds_(step_seconds_.Add({{"phase", "decode"}}, kStepDurationBuckets)),
+      step_mixed_seconds_(step_seconds_.Add({{"phase", "mixed"}}, kStepDurationBuckets)),
+      memory_bandwidth_(NewGauge(*registry_, "coalesce_memory_bandwidth_bytes_per_second",
+                                 "The device's memory read bandwidth, measured at start-up")),
+      bandwidth_utilization_(
+          NewGauge(*registry_, "coalesce_model_bandwidth_utilization_ratio",
+                   "Over the last 32 engine steps: bytes the steps had to read (weights and the KV "
+                   "cache they attended to) per second, over the device's memory bandwidth")),
+      device_bandwidth_(info.memory_bandwidth) {
+  memory_bandwidth_.Set(info.memory_bandwidth);
+  prometheus::BuildGauge()
+      .Name("coalesce_build_info")
+      .Help("Always 1; the labels say which coalesce is running")
+      .Register(*registry_)
+      .Add({{"version", info.version}, {"compiler", __VERSION__}})
+      .Set(1);
+  prometheus::BuildGauge()
+      .Name("coalesce_model_info")
+      .Help("Always 1; the labels describe the model being served")
+      .Register(*registry_)
+      .Add({{"model", info.model},
+            {"architecture", info.architecture},
+            {"backend", info.backend},
+            {"synthetic", info.synthetic ? "true" : "false"},
+            {"parameters", std::to_string(info.parameters)}})
+      .Set(1);
   // Create the usual outcomes up front so that rate() sees them from zero.
   for (std::string_view status : {"ok", "cancelled", "deadline_exceeded", "invalid_argument",
                                   "resource_exhausted", "unavailable", "internal"}) {
@@ -120,7 +156,25 @@ prometheus::Counter& ServerMetrics::RequestsWithStatus(std::string_view status) 
 
 void ServerMetrics::OnStep(const batcher::StepStats& stats) {
   batch_size_.Observe(stats.num_seqs);
-  step_duration_.Observe(Seconds(stats.duration));
+  const double seconds = Seconds(stats.duration);
+  if (stats.decode_tokens == 0) {
+    step_prefill_seconds_.Observe(seconds);
+  } else if (stats.prefill_tokens == 0) {
+    step_decode_seconds_.Observe(seconds);
+  } else {
+    step_mixed_seconds_.Observe(seconds);
+  }
+  step_bytes_[next_step_slot_] = static_cast<double>(stats.bytes_read);
+  step_secs_[next_step_slot_] = seconds;
+  next_step_slot_ = (next_step_slot_ + 1) % kBandwidthWindow;
+  double bytes = 0, secs = 0;
+  for (int i = 0; i < kBandwidthWindow; ++i) {
+    bytes += step_bytes_[i];
+    secs += step_secs_[i];
+  }
+  if (secs > 0 && device_bandwidth_ > 0) {
+    bandwidth_utilization_.Set(bytes / secs / device_bandwidth_);
+  }
   prompt_tokens_.Increment(stats.prefill_tokens);
   generated_tokens_.Increment(stats.generated_tokens);
   if (stats.prefill_tokens > 0) prefill_tokens_per_step_.Observe(stats.prefill_tokens);
@@ -137,9 +191,12 @@ void ServerMetrics::OnQueue(const batcher::QueueStats& stats) {
                                                 : 0.0);
 }
 
-void ServerMetrics::OnAdmitted(absl::Duration queue_wait) {
+void ServerMetrics::OnAdmitted(absl::Duration queue_wait, absl::Duration window_wait) {
   queue_wait_.Observe(Seconds(queue_wait));
+  window_wait_.Observe(Seconds(window_wait));
 }
+
+void ServerMetrics::OnAdmission(int requests) { admission_size_.Observe(requests); }
 
 void ServerMetrics::OnFirstToken(absl::Duration ttft) {
   time_to_first_token_.Observe(Seconds(ttft));

@@ -18,14 +18,27 @@
 
 namespace coalesce::metrics {
 
+// What is being served, for the info metrics and the bandwidth ratio.
+struct ServerInfo {
+  std::string version;       // of coalesce
+  std::string model;         // model name
+  std::string architecture;  // e.g. "llama"
+  std::string backend;       // "cpu", "cuda"
+  bool synthetic = false;
+  int64_t parameters = 0;
+  // The device's memory read bandwidth (measured at start-up), bytes/s.
+  double memory_bandwidth = 0;
+};
+
 class ServerMetrics : public batcher::LoopObserver {
  public:
-  explicit ServerMetrics(std::shared_ptr<prometheus::Registry> registry);
+  ServerMetrics(std::shared_ptr<prometheus::Registry> registry, const ServerInfo& info);
 
   // LoopObserver
   void OnStep(const batcher::StepStats& stats) override;
   void OnQueue(const batcher::QueueStats& stats) override;
-  void OnAdmitted(absl::Duration queue_wait) override;
+  void OnAdmitted(absl::Duration queue_wait, absl::Duration window_wait) override;
+  void OnAdmission(int requests) override;
   void OnFirstToken(absl::Duration time_to_first_token) override;
   void OnInterToken(absl::Duration gap) override;
   void OnFinished(const batcher::RequestSummary& summary) override;
@@ -58,11 +71,26 @@ class ServerMetrics : public batcher::LoopObserver {
   prometheus::Family<prometheus::Histogram>& batch_tokens_;
   prometheus::Histogram& prefill_tokens_per_step_;
   prometheus::Histogram& decode_tokens_per_step_;
-  prometheus::Histogram& step_duration_;
   prometheus::Family<prometheus::Gauge>& kv_blocks_;
   prometheus::Gauge& kv_blocks_free_;
   prometheus::Gauge& kv_blocks_used_;
   prometheus::Gauge& kv_usage_ratio_;
+  prometheus::Histogram& window_wait_;
+  prometheus::Histogram& admission_size_;
+  prometheus::Family<prometheus::Histogram>& step_seconds_;
+  prometheus::Histogram& step_prefill_seconds_;
+  prometheus::Histogram& step_decode_seconds_;
+  prometheus::Histogram& step_mixed_seconds_;
+  prometheus::Gauge& memory_bandwidth_;
+  prometheus::Gauge& bandwidth_utilization_;
+
+  // The last steps' bytes and seconds, for the bandwidth ratio. Touched only
+  // by OnStep, which the one engine thread calls.
+  static constexpr int kBandwidthWindow = 32;
+  const double device_bandwidth_;
+  double step_bytes_[kBandwidthWindow] = {};
+  double step_secs_[kBandwidthWindow] = {};
+  int next_step_slot_ = 0;
 };
 
 // Serves `registry` in the Prometheus text format at http://ADDRESS/metrics.

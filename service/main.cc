@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -16,6 +17,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "engine/cpu/cpu_backend.h"
+#include "engine/cpu/memory_bandwidth.h"
 #include "engine/llama2c.h"
 #include "engine/synthetic.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -226,7 +228,21 @@ int Serve(const ServerOptions& options) {
 
   // 3. Metrics, the engine loop and the service.
   auto registry = std::make_shared<prometheus::Registry>();
-  metrics::ServerMetrics server_metrics(registry);
+  metrics::ServerInfo info;
+  info.version = COALESCE_VERSION;
+  info.model = config.name;
+  info.architecture = config.architecture;
+  info.backend = std::string((*backend)->name());
+  info.synthetic = config.synthetic;
+  info.parameters = config.num_parameters();
+  info.memory_bandwidth = engine::MeasureMemoryReadBandwidth(
+      options.threads > 0 ? options.threads
+                          : static_cast<int>(std::thread::hardware_concurrency()));
+  LogF(LogLevel::kInfo,
+       "memory read bandwidth: %.1f GB/s (measured); one decode step reads at "
+       "least %.1f MB of weights",
+       info.memory_bandwidth / 1e9, config.num_parameters() * 4 / 1e6);
+  metrics::ServerMetrics server_metrics(registry, info);
   std::unique_ptr<metrics::MetricsEndpoint> metrics_endpoint;
   if (options.metrics_port >= 0) {
     std::string error;
@@ -243,6 +259,8 @@ int Serve(const ServerOptions& options) {
   loop_options.max_batch_tokens = options.max_batch_tokens;
   loop_options.max_queue = options.max_queue;
   loop_options.log_steps = options.log_steps;
+  // The CPU engine holds every weight as float32.
+  loop_options.weight_bytes = config.num_parameters() * int64_t{sizeof(float)};
   batcher::EngineLoop loop(backend->get(), loaded->tokenizer.get(), loop_options, RealClock(),
                            &server_metrics);
   loop.Start();
