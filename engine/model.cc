@@ -1,6 +1,9 @@
 #include "engine/model.h"
 
+#include <cmath>
 #include <cstdint>
+#include <numbers>
+#include <vector>
 
 #include "engine/backend.h"
 
@@ -12,8 +15,37 @@ int64_t ModelConfig::num_parameters() const {
                             + d * d       // wq
                             + 2 * kv * d  // wk, wv
                             + d * d       // wo
-                            + 3 * h * d;  // w1, w2, w3
+                            + 3 * h * d   // w1, w2, w3
+                            + (qkv_bias ? d + 2 * kv : 0) + (o_bias ? d : 0);
   return v * d + n_layers * per_layer + d + (tied_classifier ? 0 : v * d);
+}
+
+std::vector<float> RopeInverseFrequencies(const ModelConfig& config) {
+  const int head_dim = config.head_dim();
+  std::vector<float> inv_freq(head_dim / 2);
+  // run.c's float formula; golden_test pins its bits.
+  for (int i = 0; i < head_dim / 2; ++i) {
+    inv_freq[i] = 1.0f / std::pow(config.rope_theta, static_cast<float>(2 * i) / head_dim);
+  }
+  const RopeScaling& s = config.rope_scaling;
+  if (s.type == RopeScaling::Type::kLlama3) {
+    // transformers' _compute_llama3_parameters, step for step in float32 as
+    // its tensors are.
+    const float old_context = static_cast<float>(s.original_max_position_embeddings);
+    const float low_freq_wavelen = old_context / s.low_freq_factor;
+    const float high_freq_wavelen = old_context / s.high_freq_factor;
+    for (float& f : inv_freq) {
+      const float wavelen = static_cast<float>(2 * std::numbers::pi) / f;
+      if (wavelen > low_freq_wavelen) {
+        f = f / s.factor;  // low frequencies: interpolate positions by `factor`
+      } else if (!(wavelen < high_freq_wavelen)) {
+        const float smooth =
+            (old_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        f = (1 - smooth) * f / s.factor + smooth * f;
+      }  // high frequencies stay as they are
+    }
+  }
+  return inv_freq;
 }
 
 // Declared in backend.h; lives here because it depends only on the shape, and

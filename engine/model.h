@@ -1,6 +1,7 @@
 // A Llama-architecture decoder: its shape (ModelConfig) and its float32
-// weights (ModelWeights). Loaders (llama2c.h, synthetic.h) produce a Model;
-// backends read it. Every matrix is row-major [out][in], as llama2.c stores it.
+// weights (ModelWeights). Loaders (llama2c.h, synthetic.h, hf_model.h) produce
+// a Model; backends read it. Every matrix is row-major [out][in], as llama2.c
+// and Hugging Face both store it.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,21 @@
 #include <vector>
 
 namespace coalesce::engine {
+
+// Rotary-embedding frequency scaling. kNone is plain RoPE,
+// inv_freq[i] = 1 / theta^(2i / head_dim). kLlama3 is Llama 3.1's long-context
+// rescaling (transformers' _compute_llama3_parameters): wavelengths longer
+// than original_max_position_embeddings / low_freq_factor are divided by
+// `factor`, those shorter than original_max_position_embeddings /
+// high_freq_factor are kept, and the ones between are interpolated smoothly.
+struct RopeScaling {
+  enum class Type { kNone, kLlama3 };
+  Type type = Type::kNone;
+  float factor = 1.0f;
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  int original_max_position_embeddings = 0;
+};
 
 struct ModelConfig {
   std::string name;                    // "stories260K", "synthetic:15m", ...
@@ -24,14 +40,26 @@ struct ModelConfig {
   int vocab_size = 0;
   int max_seq_len = 0;  // context length in tokens
   float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;      // none unless the checkpoint asks for it
   float norm_eps = 1e-5f;        // RMSNorm epsilon
   bool tied_classifier = false;  // the classifier is the token embedding
+  bool qkv_bias = false;         // q/k/v projections add a bias (Qwen2, Llama attention_bias)
+  bool o_bias = false;           // the output projection adds one (Llama attention_bias)
+  // Special tokens the checkpoint declares (Hugging Face generation_config.json
+  // or config.json); empty / -1 when it declares none and the tokenizer knows.
+  int32_t bos_token_id = -1;
+  std::vector<int32_t> eos_token_ids;
 
   int head_dim() const { return dim / n_heads; }
   int kv_dim() const { return n_kv_heads * head_dim(); }
   // Number of parameters, counting a tied classifier once.
   int64_t num_parameters() const;
 };
+
+// The rotary inverse frequency of each pair of a head, with config.rope_scaling
+// applied: [head_dim / 2]. Every backend builds its RoPE tables from this, so
+// they agree to the bit. Pair i of a head rotates by angle pos * inv_freq[i].
+std::vector<float> RopeInverseFrequencies(const ModelConfig& config);
 
 // Views into one layer's weights. Rotary embeddings rotate interleaved pairs
 // (x[2i], x[2i+1]) of each head, as llama2.c does; loaders of other layouts
@@ -46,6 +74,14 @@ struct LayerWeights {
   std::span<const float> w1;         // [hidden_dim, dim]  gate
   std::span<const float> w2;         // [dim, hidden_dim]  down
   std::span<const float> w3;         // [hidden_dim, dim]  up
+  // Biases, empty unless config.qkv_bias / config.o_bias. bq and bk are in the
+  // same interleaved order as the rows of wq and wk. (The `= {}` keeps
+  // positional initialisers written before biases existed, as in
+  // synthetic.cc, free of -Wmissing-field-initializers.)
+  std::span<const float> bq = {};  // [n_heads * head_dim]
+  std::span<const float> bk = {};  // [kv_dim]
+  std::span<const float> bv = {};  // [kv_dim]
+  std::span<const float> bo = {};  // [dim]
 };
 
 struct ModelWeights {

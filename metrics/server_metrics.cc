@@ -80,7 +80,7 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry, con
       rejected_total_(prometheus::BuildCounter()
                           .Name("coalesce_requests_rejected_total")
                           .Help("Requests refused or dropped before they ran, by reason "
-                                "(invalid, too_long, queue_full, queue_timeout, draining)")
+                                "(invalid, too_long, queue_full, queue_timeout)")
                           .Register(*registry_)),
       preemptions_(NewCounter(*registry_, "coalesce_preemptions_total",
                               "Running sequences sent back to the queue for lack of KV blocks "
@@ -143,7 +143,7 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry, con
                                   "resource_exhausted", "unavailable", "internal"}) {
     RequestsWithStatus(status);
   }
-  for (const char* reason : {"invalid", "too_long", "queue_full", "queue_timeout", "draining"}) {
+  for (const char* reason : {"invalid", "too_long", "queue_full", "queue_timeout"}) {
     rejected_total_.Add({{"reason", reason}});
   }
 }

@@ -71,10 +71,8 @@ absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
 grpc::ServerWriteReactor<v1::GenerateResponse>* GeneratorService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
   auto* reactor = new GenerateReactor(context, loop_, request->request_id());
-  std::string_view rejection = "draining";
-  absl::StatusOr<batcher::GenerationRequest> prepared =
-      draining_ ? absl::UnavailableError("the server is draining; retry on another replica")
-                : Prepare(*context, *request, &rejection);
+  std::string_view rejection;
+  absl::StatusOr<batcher::GenerationRequest> prepared = Prepare(*context, *request, &rejection);
   absl::Status status = prepared.status();
   if (status.ok()) {
     // Finishes the RPC on error; the engine loop counts its own rejections.

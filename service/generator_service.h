@@ -23,9 +23,6 @@ class GeneratorService final : public v1::Generator::CallbackService {
                    const engine::Backend* backend, int max_batch_size,
                    metrics::ServerMetrics* metrics);
 
-  // From now on new Generate calls fail with UNAVAILABLE; running ones go on.
-  void StartDraining() { draining_ = true; }
-
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
@@ -51,7 +48,6 @@ class GeneratorService final : public v1::Generator::CallbackService {
   const int max_batch_size_;
   metrics::ServerMetrics* const metrics_;
   const RequestLimits limits_;
-  std::atomic<bool> draining_{false};
 };
 
 // absl::Status -> grpc::Status (the codes are the same numbers).

@@ -3,7 +3,11 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -18,6 +22,8 @@
 #include "common/status_macros.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/memory_bandwidth.h"
+#include "engine/hf_model.h"
+#include "engine/hf_tokenizer.h"
 #include "engine/llama2c.h"
 #include "engine/synthetic.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -32,12 +38,13 @@ ABSL_FLAG(int, metrics_port, 9090,
           "Port of the Prometheus endpoint (/metrics). 0 picks a free port; "
           "-1 turns it off.");
 ABSL_FLAG(std::string, model, "synthetic:15m",
-          "The model: a llama2.c checkpoint file, or an embedded synthetic model "
-          "(synthetic:tiny, synthetic:15m, synthetic:110m, synthetic:1b) with "
-          "random weights.");
+          "The model: a Hugging Face folder (config.json, *.safetensors, tokenizer.json; "
+          "Llama, Mistral, Qwen2), a llama2.c checkpoint file, or an embedded synthetic "
+          "model (synthetic:tiny, synthetic:15m, synthetic:110m, synthetic:1b) with random "
+          "weights.");
 ABSL_FLAG(std::string, tokenizer, "",
-          "llama2.c tokenizer.bin for a checkpoint given by --model. Default: "
-          "tokenizer.bin in the checkpoint's folder.");
+          "The tokenizer, when not the default: tokenizer.json in a Hugging Face folder, "
+          "tokenizer.bin beside a llama2.c checkpoint.");
 ABSL_FLAG(absl::Duration, batch_window, absl::Milliseconds(5),
           "Coalescing window: a request that could be admitted waits at most this "
           "long for companions, unless enough arrive to fill the free batch slots. "
@@ -67,6 +74,13 @@ ABSL_FLAG(std::string, kv_cache_memory, "auto",
 ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(30),
           "On SIGTERM/SIGINT, how long running streams may take to finish before "
           "they are cancelled.");
+ABSL_FLAG(absl::Duration, max_connection_age, absl::Minutes(5),
+          "Close each client connection (with GOAWAY) after about this long, so that "
+          "long-lived client channels spread onto new replicas. 'inf' never.");
+ABSL_FLAG(absl::Duration, keepalive_time, absl::Seconds(30),
+          "Ping an idle connection after this long, to find dead peers.");
+ABSL_FLAG(absl::Duration, keepalive_timeout, absl::Seconds(10),
+          "Close a connection whose keepalive ping got no answer within this long.");
 ABSL_FLAG(int, max_request_bytes, 4 << 20,
           "Largest request message accepted (RESOURCE_EXHAUSTED above it).");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
@@ -124,6 +138,9 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   o.kv_cache_memory = absl::GetFlag(FLAGS_kv_cache_memory);
   o.grace_period = absl::GetFlag(FLAGS_grace_period);
   o.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
+  o.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
+  o.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);
+  o.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout);
   o.log_steps = absl::GetFlag(FLAGS_log_steps);
   const std::string level = absl::GetFlag(FLAGS_log_level);
   if (level == "debug") {
@@ -150,6 +167,33 @@ absl::StatusOr<LoadedModel> LoadModel(const ServerOptions& options) {
   if (absl::StartsWith(options.model, "synthetic:")) {
     ASSIGN_OR_RETURN(engine::Model model, engine::BuildSyntheticModel(options.model));
     out.tokenizer = engine::BuildSyntheticTokenizer(model.config.vocab_size);
+    out.model = std::make_shared<const engine::Model>(std::move(model));
+    return out;
+  }
+  if (std::filesystem::is_directory(options.model)) {
+    // A Hugging Face folder: weights and config, then tokenizer.json with the
+    // end-of-sequence ids the model's config names.
+    engine::HfLoadOptions load;
+    int last_decile = 0;
+    load.progress = [&last_decile](int64_t done, int64_t total) {
+      if (total < (int64_t{256} << 20)) return;  // small models load at once
+      const int decile = static_cast<int>(done * 10 / total);
+      if (decile > last_decile) {
+        last_decile = decile;
+        LogF(LogLevel::kInfo, "loading weights: %d%% of %.1f MB", decile * 10, total / 1e6);
+      }
+    };
+    ASSIGN_OR_RETURN(engine::Model model, engine::LoadHfModel(options.model, load));
+    engine::HfTokenizerOptions tokenizer_options;
+    if (!model.config.eos_token_ids.empty()) tokenizer_options.eos_ids = model.config.eos_token_ids;
+    const std::string tokenizer_path =
+        options.tokenizer.empty() ? options.model + "/tokenizer.json" : options.tokenizer;
+    ASSIGN_OR_RETURN(out.tokenizer, engine::LoadHfTokenizer(tokenizer_path, tokenizer_options));
+    if (out.tokenizer->vocab_size() > model.config.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(tokenizer_path, " has ", out.tokenizer->vocab_size(),
+                       " tokens but the model's vocab_size is ", model.config.vocab_size));
+    }
     out.model = std::make_shared<const engine::Model>(std::move(model));
     return out;
   }
@@ -274,6 +318,21 @@ int Serve(const ServerOptions& options) {
   builder.AddListeningPort(absl::StrCat(options.host, ":", options.port),
                            grpc::InsecureServerCredentials(), &grpc_port);
   builder.SetMaxReceiveMessageSize(options.max_request_bytes);
+  // Connection ageing: a GOAWAY after max_connection_age makes clients
+  // reconnect (and re-resolve, so new replicas get traffic); running streams
+  // get the grace period to finish first.
+  auto millis = [](absl::Duration d) {
+    return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d), INT32_MAX));
+  };
+  if (options.max_connection_age < absl::InfiniteDuration()) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, millis(options.max_connection_age));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, millis(options.grace_period));
+  }
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, millis(options.keepalive_time));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, millis(options.keepalive_timeout));
+  // Accept client keepalive pings as often as every 10 s, even between calls.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || grpc_port == 0) {
@@ -300,8 +359,10 @@ int Serve(const ServerOptions& options) {
   sigwait(&signals, &signal_number);
   LogF(LogLevel::kInfo, "%s: draining for at most %s", strsignal(signal_number),
        absl::FormatDuration(options.grace_period));
+  // Shutdown sends GOAWAY at once: clients stop sending new calls here (a
+  // call already on its way is refused in a way gRPC clients retry on another
+  // replica, transparently), while the streams already running go on.
   server->GetHealthCheckService()->SetServingStatus(false);
-  service.StartDraining();
   server->Shutdown(absl::ToChronoTime(absl::Now() + options.grace_period));
   loop.Stop();
   server->Wait();

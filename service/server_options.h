@@ -24,6 +24,9 @@ struct ServerOptions {
   std::string kv_cache_memory = "auto";
   absl::Duration grace_period = absl::Seconds(30);
   int max_request_bytes = 4 << 20;
+  absl::Duration max_connection_age = absl::Minutes(5);
+  absl::Duration keepalive_time = absl::Seconds(30);
+  absl::Duration keepalive_timeout = absl::Seconds(10);
   bool log_steps = false;
 };
 

@@ -14,12 +14,20 @@ packages=(
   prometheus-cpp-dev
   # JSON (test goldens today; model configs and tokenizer.json later)
   nlohmann-json3-dev
+  # PCRE2: the Unicode regexes (\p{L}, lookahead) of tokenizer.json pre-tokenizers
+  libpcre2-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev clang-format git
   # fuzzing: clang's libFuzzer, AddressSanitizer and UBSan runtimes
   clang libclang-rt-14-dev
   # the Python gRPC client used by the end-to-end tests
   python3 python3-grpcio python3-grpc-tools python3-protobuf python3-pytest
+  # the reference for the Hugging Face parity test: Debian's torch (1.13.1),
+  # with transformers from PyPI in a venv that sees it (tools/make-venv.sh)
+  python3-torch python3-venv
+  # deploy tests (tests/deploy): a real Prometheus and promtool check the rules and
+  # dashboard queries; PyYAML reads the rules and manifests
+  prometheus python3-yaml
 )
 
 missing=()

@@ -42,16 +42,30 @@ absl::Status ValidateModel(const Model& model) {
   const ModelWeights& w = model.weights;
   bool ok = w.token_embedding.size() == v * d && w.classifier.size() == v * d &&
             w.final_norm.size() == d && w.layers.size() == static_cast<size_t>(c.n_layers);
+  const size_t qkv_bias = c.qkv_bias ? 1 : 0, o_bias = c.o_bias ? 1 : 0;
   for (const LayerWeights& l : w.layers) {
     ok = ok && l.attn_norm.size() == d && l.wq.size() == d * d && l.wk.size() == kv * d &&
          l.wv.size() == kv * d && l.wo.size() == d * d && l.ffn_norm.size() == d &&
-         l.w1.size() == h * d && l.w2.size() == d * h && l.w3.size() == h * d;
+         l.w1.size() == h * d && l.w2.size() == d * h && l.w3.size() == h * d &&
+         l.bq.size() == qkv_bias * d && l.bk.size() == qkv_bias * kv &&
+         l.bv.size() == qkv_bias * kv && l.bo.size() == o_bias * d;
   }
   if (!ok) {
     return absl::InvalidArgumentError(
         absl::StrCat("model ", c.name, ": weight sizes do not match its config"));
   }
   return absl::OkStatus();
+}
+
+// rows[t, i] += bias[i] for every row: the bias follows the product, as in
+// nn.Linear, and touches each element alone, so it keeps batch invariance.
+//   bias: [n]   rows: [num_rows, n]
+void AddBias(std::span<const float> bias, int num_rows, float* rows) {
+  const size_t n = bias.size();
+  for (int t = 0; t < num_rows; ++t) {
+    float* row = rows + static_cast<size_t>(t) * n;
+    for (size_t i = 0; i < n; ++i) row[i] += bias[i];
+  }
 }
 
 class CpuBackend final : public Backend {
@@ -65,16 +79,15 @@ class CpuBackend final : public Backend {
         cache_(std::move(cache)),
         block_owner_(kv.num_blocks, -1),
         scores_(static_cast<size_t>(pool_.size()) * c_.max_seq_len) {
-    // RoPE angles with run.c's float formula, one row per position:
-    // freq = 1 / theta^(2i / head_size), angle = pos * freq.
+    // RoPE angles as run.c computes them, in float, one row per position:
+    // angle = pos * inv_freq[i], inv_freq from the (possibly scaled) theta.
     const int half = c_.head_dim() / 2;
+    const std::vector<float> inv_freq = RopeInverseFrequencies(c_);  // [half]
     rope_cos_.resize(static_cast<size_t>(c_.max_seq_len) * half);
     rope_sin_.resize(rope_cos_.size());
     for (int pos = 0; pos < c_.max_seq_len; ++pos) {
       for (int i = 0; i < half; ++i) {
-        const float freq =
-            1.0f / std::pow(c_.rope_theta, static_cast<float>(2 * i) / c_.head_dim());
-        const float angle = static_cast<float>(pos) * freq;
+        const float angle = static_cast<float>(pos) * inv_freq[i];
         rope_cos_[static_cast<size_t>(pos) * half + i] = std::cos(angle);
         rope_sin_[static_cast<size_t>(pos) * half + i] = std::sin(angle);
       }
@@ -307,6 +320,11 @@ absl::Status CpuBackend::Step(const StepBatch& batch, std::span<float> logits) {
     cpu::Matmul(pool_, xb_.data(), dim, num_tokens, lw.wq.data(), dim, dim, q_.data(), dim);
     cpu::Matmul(pool_, xb_.data(), dim, num_tokens, lw.wk.data(), kv_dim, dim, k_.data(), kv_dim);
     cpu::Matmul(pool_, xb_.data(), dim, num_tokens, lw.wv.data(), kv_dim, dim, v_.data(), kv_dim);
+    if (c_.qkv_bias) {
+      AddBias(lw.bq, num_tokens, q_.data());
+      AddBias(lw.bk, num_tokens, k_.data());
+      AddBias(lw.bv, num_tokens, v_.data());
+    }
 
     // 3. RoPE on interleaved pairs of every head of q and k, then K and V
     //    into the token's cache slot (K after rotation, as run.c caches it).
@@ -335,6 +353,7 @@ absl::Status CpuBackend::Step(const StepBatch& batch, std::span<float> logits) {
     //    residual.
     Attention(batch, l);
     cpu::Matmul(pool_, att_.data(), dim, num_tokens, lw.wo.data(), dim, dim, xb_.data(), dim);
+    if (c_.o_bias) AddBias(lw.bo, num_tokens, xb_.data());
     for (size_t i = 0; i < static_cast<size_t>(num_tokens) * dim; ++i) x_[i] += xb_[i];
 
     // 5. SwiGLU feed-forward: w2(silu(w1 x) * w3 x), residual.

@@ -44,6 +44,11 @@ class CountingBackend : public engine::Backend {
     config_.name = "counting";
     config_.vocab_size = kVocab;
     config_.max_seq_len = 64;
+    // A plausible shape, for the loop's KV-bytes arithmetic.
+    config_.dim = 8;
+    config_.n_layers = 1;
+    config_.n_heads = 2;
+    config_.n_kv_heads = 2;
   }
   absl::Status Step(const engine::StepBatch& batch, std::span<float> logits) override {
     if (fail_next_) {

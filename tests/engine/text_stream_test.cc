@@ -62,7 +62,9 @@ TEST(TextStreamTest, InvalidUtf8StopNeverCutsACharacter) {
   FakeTokenizer tok({"", "a", "\xbf", "b"});
   StreamRun run = Feed(tok, {1, 2, 3}, {"\xbf"});
   EXPECT_FALSE(run.stopped);
-  EXPECT_EQ(run.text, "a\xef\xbf\xbd" "b");
+  EXPECT_EQ(run.text,
+            "a\xef\xbf\xbd"
+            "b");
   EXPECT_EQ(SanitizeUtf8(run.text), run.text);
 }
 

@@ -22,7 +22,8 @@ void Exercise(const coalesce::engine::Tokenizer& tokenizer, std::string_view tex
   const auto ids = tokenizer.Encode(text, /*add_special_tokens=*/true);
   const std::string decoded = Decode(tokenizer, ids);
   if (SanitizeUtf8(decoded) != decoded) __builtin_trap();
-  TextStream stream(tokenizer, ids.empty() ? -1 : ids.back(), {"ab", std::string(text.substr(0, 3))});
+  TextStream stream(tokenizer, ids.empty() ? -1 : ids.back(),
+                    {"ab", std::string(text.substr(0, 3))});
   std::string streamed;
   for (unsigned char c : text) {
     const auto piece = stream.Push(static_cast<int32_t>(c) % tokenizer.vocab_size());

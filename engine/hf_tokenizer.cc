@@ -1,0 +1,524 @@
+// Encoding follows HF `tokenizers` TokenizerImpl::encode step by step:
+//  1. split the text on added tokens that match the raw text
+//     (AddedVocabulary::extract_and_normalize, first pass);
+//  2. normalize each remaining piece and split it on added tokens that match
+//     normalized text (second pass);
+//  3. run the pre-tokenizers over the pieces;
+//  4. run BPE on each piece (BPE::merge_word + Word::merge_all);
+//  5. wrap the ids in the post-processor's template.
+// Decoding runs the decoder chain on each token alone, once as the first
+// token of the text and once as a later one (see hf_tokenizer.h for what that
+// guarantees).
+#include "engine/hf_tokenizer.h"
+
+#include <algorithm>
+#include <array>
+#include <fstream>
+#include <iterator>
+#include <queue>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "engine/hf_tokenizer_internal.h"
+
+namespace coalesce::engine {
+namespace hf {
+namespace {
+
+// An item of encoding: an added token's id, or text still to tokenize.
+struct Item {
+  int32_t id = -1;  // >= 0: an added token
+  Piece piece;
+};
+
+}  // namespace
+}  // namespace hf
+
+// ---------------------------------------------------------------------------
+// The tokenizer
+// ---------------------------------------------------------------------------
+
+struct HfTokenizer::Impl {
+  hf::TokenizerSpec spec;
+  std::vector<std::string> notes;
+  std::vector<int32_t> eos;
+  int32_t bos = -1;
+  std::shared_ptr<const hf::Regex> byte_level_regex;
+  std::shared_ptr<const hf::Regex> word_char;
+  hf::TokenMatcher raw_matcher, normalized_matcher;  // index into spec.added
+  std::vector<int> added_index;                      // [vocab_size]: index into spec.added, or -1
+  std::vector<std::string> bytes;                    // [vocab_size]: TokenBytes after a token
+  std::unordered_map<int32_t, std::string> first_bytes;  // where the first token differs
+  bool decode_normalized_added_tokens = false;
+
+  // --- encoding ---
+  bool IsWordChar(std::string_view text, size_t at) const;
+  void SplitAdded(const hf::Piece& piece, const hf::TokenMatcher& matcher,
+                  std::vector<hf::Item>& out) const;
+  void PreTokenize(std::vector<hf::Piece>& pieces) const;
+  void Bpe(std::string_view word, std::vector<int32_t>& out) const;
+  // --- decoding ---
+  std::string DecodeToken(int32_t id, bool first) const;
+};
+
+bool HfTokenizer::Impl::IsWordChar(std::string_view text, size_t at) const {
+  std::vector<std::pair<size_t, size_t>> m;
+  word_char->FindAll(text.substr(at, hf::CharLength(text[at])), m);
+  return !m.empty();
+}
+
+// HF's AddedVocabulary::find_matches: non-overlapping leftmost-longest matches,
+// dropped when single_word and a neighbour is a word character, widened over
+// white space by lstrip/rstrip.
+void HfTokenizer::Impl::SplitAdded(const hf::Piece& piece, const hf::TokenMatcher& matcher,
+                                   std::vector<hf::Item>& out) const {
+  const std::string_view text = piece.text;
+  size_t taken = 0;  // end of the last split made
+  size_t search = 0;
+  hf::TokenMatcher::Match m;
+  while (!matcher.empty() && matcher.Find(text, search, m)) {
+    search = m.end;
+    const hf::AddedToken& token = spec.added[m.index];
+    size_t start = m.start, stop = m.end;
+    if (token.single_word) {
+      // The character that ends right before the match.
+      size_t prev_char = start;
+      if (prev_char > 0) {
+        --prev_char;
+        while (prev_char > 0 && (static_cast<uint8_t>(text[prev_char]) & 0xC0) == 0x80) {
+          --prev_char;
+        }
+      }
+      const bool left_ok = start == 0 || !IsWordChar(text, prev_char);
+      const bool right_ok = stop == text.size() || !IsWordChar(text, stop);
+      if (!left_ok || !right_ok) continue;
+    }
+    if (token.lstrip) {
+      size_t s = start;
+      while (s > 0) {
+        size_t p = s - 1;
+        while (p > 0 && (static_cast<uint8_t>(text[p]) & 0xC0) == 0x80) --p;
+        if (!hf::IsWhiteSpace(hf::DecodeChar(text, p))) break;
+        s = p;
+      }
+      // Spaces a previous rstrip token took stay with it.
+      start = std::max(s, taken);
+    }
+    if (token.rstrip) {
+      while (stop < text.size() && hf::IsWhiteSpace(hf::DecodeChar(text, stop))) {
+        stop += hf::CharLength(text[stop]);
+      }
+    }
+    // A match inside the white space an rstrip token took: HF would emit
+    // overlapping splits; no real tokenizer has added tokens that start with
+    // white space after an rstrip token.
+    if (start < taken) continue;
+    if (taken < start) {
+      out.push_back(
+          {-1,
+           {std::string(text.substr(taken, start - taken)), piece.at_input_start && taken == 0}});
+    }
+    out.push_back({token.id, {}});
+    taken = stop;
+  }
+  if (taken < text.size()) {
+    out.push_back({-1, {std::string(text.substr(taken)), piece.at_input_start && taken == 0}});
+  }
+}
+
+void HfTokenizer::Impl::PreTokenize(std::vector<hf::Piece>& pieces) const {
+  std::vector<hf::Piece> next;
+  std::vector<std::pair<size_t, size_t>> matches;
+  for (const hf::PreTokenizerStep& step : spec.pre_tokenizers) {
+    next.clear();
+    for (hf::Piece& piece : pieces) {
+      switch (step.kind) {
+        case hf::PreTokenizerStep::Kind::kByteLevel: {
+          if (step.add_prefix_space && piece.text[0] != ' ')
+            piece.text.insert(piece.text.begin(), ' ');
+          const size_t first = next.size();
+          if (step.use_regex) {
+            matches.clear();
+            byte_level_regex->FindAll(piece.text, matches);
+            hf::SplitPiece(piece, matches, hf::SplitBehavior::kIsolated, false, next);
+          } else {
+            next.push_back(std::move(piece));
+          }
+          // Each byte becomes its printable stand-in character.
+          const hf::ByteLevelMap& map = hf::ByteLevel();
+          for (size_t i = first; i < next.size(); ++i) {
+            std::string mapped;
+            mapped.reserve(next[i].text.size() * 2);
+            for (const char c : next[i].text)
+              mapped.append(map.byte_to_char[static_cast<uint8_t>(c)]);
+            next[i].text = std::move(mapped);
+          }
+          break;
+        }
+        case hf::PreTokenizerStep::Kind::kMetaspace: {
+          piece.text = hf::ReplaceAll(piece.text, " ", step.replacement);
+          const bool starts = piece.text.starts_with(step.replacement);
+          if ((step.prepend_scheme == hf::PrependScheme::kAlways && !starts) ||
+              (step.prepend_scheme == hf::PrependScheme::kFirst && !starts &&
+               piece.at_input_start)) {
+            piece.text.insert(0, step.replacement);
+          }
+          if (!step.split) {
+            next.push_back(std::move(piece));
+            break;
+          }
+          // Each replacement character is a match of its own.
+          matches.clear();
+          for (size_t at = piece.text.find(step.replacement); at != std::string::npos;
+               at = piece.text.find(step.replacement, at + step.replacement.size())) {
+            matches.emplace_back(at, at + step.replacement.size());
+          }
+          hf::SplitPiece(piece, matches, hf::SplitBehavior::kMergedWithNext, false, next);
+          break;
+        }
+        case hf::PreTokenizerStep::Kind::kSplit:
+          matches.clear();
+          hf::FindPattern(step.pattern, piece.text, matches);
+          hf::SplitPiece(piece, matches, step.behavior, step.invert, next);
+          break;
+      }
+    }
+    // A step may have emptied a piece (the ByteLevel prefix never does).
+    std::erase_if(next, [](const hf::Piece& p) { return p.text.empty(); });
+    pieces.swap(next);
+  }
+}
+
+// HF's BPE::merge_word and Word::merge_all.
+void HfTokenizer::Impl::Bpe(std::string_view word, std::vector<int32_t>& out) const {
+  const hf::BpeModel& m = spec.model;
+  if (m.ignore_merges) {
+    if (auto it = m.ids.find(word); it != m.ids.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  }
+  // 1. One symbol per character, with byte fallback and unknown tokens.
+  std::vector<int32_t> symbols;
+  symbols.reserve(word.size());
+  int32_t pending_unk = -1;  // HF holds an unknown token back to fuse the next one
+  std::string s;
+  for (size_t i = 0; i < word.size();) {
+    const size_t len = hf::CharLength(word[i]);
+    const bool is_first = i == 0, is_last = i + len >= word.size();
+    s.clear();
+    if (!is_first && m.continuing_subword_prefix) s.append(*m.continuing_subword_prefix);
+    s.append(word.substr(i, len));
+    if (is_last && m.end_of_word_suffix) s.append(*m.end_of_word_suffix);
+    i += len;
+    if (auto it = m.ids.find(s); it != m.ids.end()) {
+      if (pending_unk >= 0) symbols.push_back(pending_unk);
+      pending_unk = -1;
+      symbols.push_back(it->second);
+      continue;
+    }
+    if (m.byte_fallback &&
+        std::all_of(s.begin(), s.end(), [&](char c) { return m.byte_ids[uint8_t(c)] >= 0; })) {
+      // As in HF, a held unknown token is not flushed first.
+      for (const char c : s) symbols.push_back(m.byte_ids[static_cast<uint8_t>(c)]);
+      continue;
+    }
+    if (m.unk_id >= 0) {
+      if (pending_unk >= 0 && !m.fuse_unk) symbols.push_back(pending_unk);
+      pending_unk = m.unk_id;
+    }
+    // Without an unknown token HF drops the character.
+  }
+  if (pending_unk >= 0) symbols.push_back(pending_unk);
+
+  // 2. Merge the pair of lowest rank, leftmost on ties, until none is left.
+  //    Entries go stale when either side merges; HF detects that by looking
+  //    the pair up again, which we do too.
+  const int n = static_cast<int>(symbols.size());
+  if (n < 2 || m.merges.empty()) {
+    out.insert(out.end(), symbols.begin(), symbols.end());
+    return;
+  }
+  std::vector<int> prev(n), next(n);
+  std::vector<bool> alive(n, true);
+  for (int i = 0; i < n; ++i) {
+    prev[i] = i - 1;
+    next[i] = i + 1 < n ? i + 1 : -1;
+  }
+  struct Candidate {
+    uint32_t rank;
+    int pos;
+    int32_t merged;
+  };
+  auto worse = [](const Candidate& a, const Candidate& b) {
+    return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, decltype(worse)> heap(worse);
+  auto consider = [&](int left) {
+    if (left < 0 || next[left] < 0) return;
+    auto it = m.merges.find(hf::BpeModel::PairKey(symbols[left], symbols[next[left]]));
+    if (it != m.merges.end()) heap.push({it->second.rank, left, it->second.merged});
+  };
+  for (int i = 0; i + 1 < n; ++i) consider(i);
+  while (!heap.empty()) {
+    const Candidate c = heap.top();
+    heap.pop();
+    if (!alive[c.pos] || next[c.pos] < 0) continue;
+    const int right = next[c.pos];
+    auto it = m.merges.find(hf::BpeModel::PairKey(symbols[c.pos], symbols[right]));
+    if (it == m.merges.end() || it->second.merged != c.merged) continue;  // stale
+    symbols[c.pos] = c.merged;
+    alive[right] = false;
+    next[c.pos] = next[right];
+    if (next[right] >= 0) prev[next[right]] = c.pos;
+    consider(prev[c.pos]);
+    consider(c.pos);
+  }
+  for (int i = 0; i >= 0; i = next[i]) out.push_back(symbols[i]);
+}
+
+// One token through the decoder chain, as HF's decoders treat it when it is
+// the first token of the text (`first`) or a later one.
+std::string HfTokenizer::Impl::DecodeToken(int32_t id, bool first) const {
+  if (id < 0 || id >= spec.vocab_size) return "";
+  std::string s;
+  if (added_index[id] >= 0) {
+    const hf::AddedToken& token = spec.added[added_index[id]];
+    if (token.special) return "";  // skip_special_tokens
+    // See HfTokenizerOptions::decode_normalized_added_tokens.
+    s = token.normalized && decode_normalized_added_tokens
+            ? hf::Normalize(spec.normalizers, token.content)
+            : token.content;
+  } else if (id < static_cast<int32_t>(spec.model.pieces.size()) &&
+             !spec.model.pieces[id].empty()) {
+    s = spec.model.pieces[id];
+  } else {
+    return "";  // HF drops ids it has no token for
+  }
+  if (!spec.has_decoder) return first ? s : " " + s;  // HF joins tokens with " "
+  bool fused = false;
+  for (const hf::DecoderStep& step : spec.decoders) {
+    switch (step.kind) {
+      case hf::DecoderStep::Kind::kReplace:
+        s = hf::ReplaceAll(s, step.pattern, step.content);
+        break;
+      case hf::DecoderStep::Kind::kMetaspace: {
+        std::string out;
+        for (size_t at = 0; at < s.size();) {
+          const size_t len = hf::CharLength(s[at]);
+          if (s.compare(at, len, step.replacement) == 0) {
+            // The first token loses all its replacement characters.
+            if (!(first && step.prepend)) out.push_back(' ');
+          } else {
+            out.append(s, at, len);
+          }
+          at += len;
+        }
+        s = std::move(out);
+        break;
+      }
+      case hf::DecoderStep::Kind::kByteFallback: {
+        // "<0xXX>" is a raw byte; u8::from_str_radix also takes "+X".
+        if (s.size() == 6 && s.starts_with("<0x") && s[5] == '>') {
+          int value = 0, digits = 0;
+          bool ok = true;
+          for (size_t i = 3; i < 5; ++i) {
+            const char c = s[i];
+            int d = -1;
+            if (c >= '0' && c <= '9') d = c - '0';
+            if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+            if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+            if (d < 0 && !(c == '+' && i == 3)) ok = false;
+            if (d >= 0) {
+              value = value * 16 + d;
+              ++digits;
+            }
+          }
+          if (ok && digits > 0) s = std::string(1, static_cast<char>(value));
+        }
+        break;
+      }
+      case hf::DecoderStep::Kind::kFuse:
+        fused = true;
+        break;
+      case hf::DecoderStep::Kind::kByteLevel: {
+        // Each character back to its byte; a token with any other character
+        // (an added token's content) stays as it is.
+        const hf::ByteLevelMap& map = hf::ByteLevel();
+        std::string out;
+        bool all_mapped = true;
+        for (size_t at = 0; at < s.size() && all_mapped;) {
+          const uint32_t cp = hf::DecodeChar(s, at);
+          if (cp >= map.char_to_byte.size() || map.char_to_byte[cp] < 0) {
+            all_mapped = false;
+            break;
+          }
+          out.push_back(static_cast<char>(map.char_to_byte[cp]));
+          at += hf::CharLength(s[at]);
+        }
+        if (all_mapped) s = std::move(out);
+        fused = true;
+        break;
+      }
+      case hf::DecoderStep::Kind::kStrip: {
+        // Before fusing, HF strips every token; after, only the text's start.
+        if (fused && !first) break;
+        const std::string_view c = step.content;
+        for (int k = 0; k < step.start && s.starts_with(c); ++k) s.erase(0, c.size());
+        for (int k = 0; k < step.stop && s.ends_with(c); ++k) s.resize(s.size() - c.size());
+        break;
+      }
+    }
+  }
+  return s;
+}
+
+HfTokenizer::HfTokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+
+int HfTokenizer::vocab_size() const { return impl_->spec.vocab_size; }
+int32_t HfTokenizer::bos_id() const { return impl_->bos; }
+std::span<const int32_t> HfTokenizer::eos_ids() const { return impl_->eos; }
+const std::vector<std::string>& HfTokenizer::load_notes() const { return impl_->notes; }
+
+std::string_view HfTokenizer::token_text(int32_t id) const {
+  const Impl& t = *impl_;
+  if (id < 0 || id >= t.spec.vocab_size) return "";
+  if (t.added_index[id] >= 0) return t.spec.added[t.added_index[id]].content;
+  if (id < static_cast<int32_t>(t.spec.model.pieces.size())) return t.spec.model.pieces[id];
+  return "";
+}
+
+bool HfTokenizer::is_special(int32_t id) const {
+  const Impl& t = *impl_;
+  return id >= 0 && id < t.spec.vocab_size && t.added_index[id] >= 0 &&
+         t.spec.added[t.added_index[id]].special;
+}
+
+std::string HfTokenizer::TokenBytes(int32_t prev, int32_t token) const {
+  const Impl& t = *impl_;
+  if (token < 0 || token >= t.spec.vocab_size) return "";
+  if (prev < 0 || prev == t.bos) {
+    if (auto it = t.first_bytes.find(token); it != t.first_bytes.end()) return it->second;
+  }
+  return t.bytes[token];
+}
+
+std::vector<int32_t> HfTokenizer::Encode(std::string_view text, bool add_special_tokens) const {
+  const Impl& t = *impl_;
+  // HF takes only valid Unicode; invalid bytes become U+FFFD first.
+  std::string sanitized = SanitizeUtf8(text);
+
+  // 1. Added tokens in the raw text.
+  std::vector<hf::Item> items;
+  t.SplitAdded({std::move(sanitized), true}, t.raw_matcher, items);
+
+  std::vector<int32_t> ids;
+  if (add_special_tokens) ids = t.spec.prefix;
+  std::vector<hf::Item> sub;
+  std::vector<hf::Piece> pieces;
+  for (hf::Item& item : items) {
+    if (item.id >= 0) {
+      ids.push_back(item.id);
+      continue;
+    }
+    // 2. Normalize, then added tokens in the normalized text.
+    hf::Piece normalized{hf::Normalize(t.spec.normalizers, item.piece.text),
+                         item.piece.at_input_start};
+    if (normalized.text.empty()) continue;
+    sub.clear();
+    t.SplitAdded(normalized, t.normalized_matcher, sub);
+    for (hf::Item& s : sub) {
+      if (s.id >= 0) {
+        ids.push_back(s.id);
+        continue;
+      }
+      // 3. Pre-tokenize; 4. BPE.
+      pieces.clear();
+      pieces.push_back(std::move(s.piece));
+      t.PreTokenize(pieces);
+      for (const hf::Piece& piece : pieces) t.Bpe(piece.text, ids);
+    }
+  }
+  // 5. The template.
+  if (add_special_tokens) ids.insert(ids.end(), t.spec.suffix.begin(), t.spec.suffix.end());
+  return ids;
+}
+
+// ---------------------------------------------------------------------------
+// Loading
+// ---------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<HfTokenizer>> LoadHfTokenizerFromJson(
+    std::string_view json, const std::string& source, const HfTokenizerOptions& options) {
+  auto impl = std::make_shared<HfTokenizer::Impl>();
+  auto spec = hf::ParseTokenizerJson(json, source, options, &impl->notes);
+  if (!spec.ok()) return spec.status();
+  impl->spec = *std::move(spec);
+  impl->decode_normalized_added_tokens = options.decode_normalized_added_tokens;
+  hf::TokenizerSpec& s = impl->spec;
+
+  auto byte_level = hf::Regex::Compile(hf::kByteLevelPattern);
+  auto word_char = hf::Regex::Compile(hf::kWordCharPattern);
+  if (!byte_level.ok()) return byte_level.status();
+  if (!word_char.ok()) return word_char.status();
+  impl->byte_level_regex = *std::move(byte_level);
+  impl->word_char = *std::move(word_char);
+
+  // HF matches special tokens first, then the others, each in file order.
+  impl->added_index.assign(s.vocab_size, -1);
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < s.added.size(); ++i) {
+      const hf::AddedToken& token = s.added[i];
+      if (token.special != (pass == 0)) continue;
+      if (token.normalized) {
+        impl->normalized_matcher.Add(hf::Normalize(s.normalizers, token.content),
+                                     static_cast<int>(i));
+      } else {
+        impl->raw_matcher.Add(token.content, static_cast<int>(i));
+      }
+    }
+  }
+  for (size_t i = 0; i < s.added.size(); ++i)
+    impl->added_index[s.added[i].id] = static_cast<int>(i);
+
+  impl->bos = s.prefix.empty() ? -1 : s.prefix.front();
+  if (options.eos_ids) {
+    for (const int32_t id : *options.eos_ids) {
+      if (id < 0 || id >= s.vocab_size) {
+        return absl::InvalidArgumentError(hf::Cat(
+            source, ": eos id ", id, " is outside the vocabulary (size ", s.vocab_size, ")"));
+      }
+    }
+    impl->eos = *options.eos_ids;
+  } else {
+    static const std::vector<std::string_view> kEndMarkers = {
+        "</s>",       "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<|im_end|>",
+        "<|eom_id|>", "<eos>",         "<|end|>",    "<end_of_turn>"};
+    for (const hf::AddedToken& token : s.added) {
+      if (token.special &&
+          std::find(kEndMarkers.begin(), kEndMarkers.end(), token.content) != kEndMarkers.end()) {
+        impl->eos.push_back(token.id);
+      }
+    }
+    std::sort(impl->eos.begin(), impl->eos.end());
+  }
+
+  impl->bytes.resize(s.vocab_size);
+  for (int32_t id = 0; id < s.vocab_size; ++id) {
+    impl->bytes[id] = impl->DecodeToken(id, /*first=*/false);
+    std::string first = impl->DecodeToken(id, /*first=*/true);
+    if (first != impl->bytes[id]) impl->first_bytes.emplace(id, std::move(first));
+  }
+  return std::make_unique<HfTokenizer>(std::move(impl));
+}
+
+absl::StatusOr<std::unique_ptr<HfTokenizer>> LoadHfTokenizer(const std::string& tokenizer_json_path,
+                                                             const HfTokenizerOptions& options) {
+  std::ifstream in(tokenizer_json_path, std::ios::binary);
+  if (!in) return absl::NotFoundError(hf::Cat("cannot open ", tokenizer_json_path));
+  const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return absl::InternalError(hf::Cat("cannot read ", tokenizer_json_path));
+  return LoadHfTokenizerFromJson(json, tokenizer_json_path, options);
+}
+
+}  // namespace coalesce::engine

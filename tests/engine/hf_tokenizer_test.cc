@@ -1,0 +1,356 @@
+// LoadHfTokenizer on the shared tokenizer.json files: the stories260K goldens,
+// llama.cpp's vocab test vectors, streaming, and the errors for missing,
+// malformed and unsupported files. tests/engine/test_tokenizer_parity.py
+// compares thousands more strings with HF `tokenizers` itself.
+#include "engine/hf_tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/text_stream.h"
+
+namespace coalesce::engine {
+namespace {
+
+using Json = nlohmann::json;
+
+const std::string kModels = COALESCE_MODELS_DIR;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::unique_ptr<HfTokenizer> Load(const std::string& folder) {
+  auto tok = LoadHfTokenizer(kModels + "/" + folder + "/tokenizer.json");
+  EXPECT_TRUE(tok.ok()) << tok.status();
+  return tok.ok() ? *std::move(tok) : nullptr;
+}
+
+std::string DecodeIds(const Tokenizer& tok, const std::vector<int32_t>& ids) {
+  return Decode(tok, ids);
+}
+
+// llama.cpp's .inp/.out pairs: texts separated by "\n__ggml_vocab_test__\n",
+// one line of space-separated ids per text.
+struct VocabCase {
+  std::string text;
+  std::vector<int32_t> ids;
+};
+std::vector<VocabCase> LlamaCppCases(const std::string& name) {
+  const std::string dir = kModels + "/llamacpp-vocab-tests/ggml-vocab-" + name + ".gguf";
+  const std::string inp = ReadFile(dir + ".inp");
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  std::vector<VocabCase> cases;
+  for (size_t at = 0, next; (next = inp.find(sep, at)) != std::string::npos;
+       at = next + sep.size()) {
+    cases.push_back({inp.substr(at, next - at), {}});
+  }
+  std::istringstream out(ReadFile(dir + ".out"));
+  std::string line;
+  for (VocabCase& c : cases) {
+    std::getline(out, line);
+    std::istringstream ids(line);
+    for (int32_t id; ids >> id;) c.ids.push_back(id);
+  }
+  return cases;
+}
+
+// ---------------------------------------------------------------------------
+// The shared files
+// ---------------------------------------------------------------------------
+
+TEST(HfTokenizerTest, LoadsTheSharedFiles) {
+  auto tiny = Load("tinyllama-tokenizer");
+  auto gpt2 = Load("gpt2-tokenizer");
+  auto stories = Load("stories260K-hf");
+  ASSERT_TRUE(tiny && gpt2 && stories);
+  EXPECT_EQ(tiny->vocab_size(), 32000);
+  EXPECT_EQ(gpt2->vocab_size(), 50257);
+  EXPECT_EQ(stories->vocab_size(), 512);
+  EXPECT_EQ(tiny->bos_id(), 1);
+  EXPECT_EQ(gpt2->bos_id(), -1);  // GPT-2's post-processor adds nothing
+  EXPECT_EQ(stories->bos_id(), 1);
+  EXPECT_EQ(std::vector<int32_t>(tiny->eos_ids().begin(), tiny->eos_ids().end()),
+            std::vector<int32_t>{2});
+  EXPECT_EQ(std::vector<int32_t>(gpt2->eos_ids().begin(), gpt2->eos_ids().end()),
+            std::vector<int32_t>{50256});
+  // The repairs HF itself refuses to make (see HfTokenizerOptions).
+  EXPECT_EQ(tiny->load_notes().size(), 3u);
+  EXPECT_EQ(gpt2->load_notes().size(), 1u);
+  EXPECT_TRUE(stories->load_notes().empty());
+  EXPECT_TRUE(tiny->is_special(0) && tiny->is_special(1) && tiny->is_special(2));
+  EXPECT_FALSE(tiny->is_special(3));
+  EXPECT_EQ(tiny->token_text(450), "\u2581The");
+}
+
+TEST(HfTokenizerTest, EosIdsFromOptions) {
+  HfTokenizerOptions options;
+  options.eos_ids = std::vector<int32_t>{2, 0};
+  auto tok = LoadHfTokenizer(kModels + "/tinyllama-tokenizer/tokenizer.json", options);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ(std::vector<int32_t>((*tok)->eos_ids().begin(), (*tok)->eos_ids().end()),
+            (std::vector<int32_t>{2, 0}));
+  options.eos_ids = std::vector<int32_t>{32000};
+  tok = LoadHfTokenizer(kModels + "/tinyllama-tokenizer/tokenizer.json", options);
+  EXPECT_FALSE(tok.ok());
+}
+
+TEST(HfTokenizerTest, StoriesGoldens) {
+  auto tok = Load("stories260K-hf");
+  ASSERT_TRUE(tok);
+  const Json golden = Json::parse(ReadFile(kModels + "/stories260K/golden.json"));
+  ASSERT_FALSE(golden["cases"].empty());
+  for (const Json& c : golden["cases"]) {
+    const std::string prompt = c["prompt"];
+    const auto prompt_ids = c["prompt_ids"].get<std::vector<int32_t>>();
+    const auto output_ids = c["output_ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(tok->Encode(prompt, true), prompt_ids) << prompt;
+    std::vector<int32_t> all = prompt_ids;
+    all.insert(all.end(), output_ids.begin(), output_ids.end());
+    EXPECT_EQ(Decode(*tok, all), c["text"].get<std::string>()) << prompt;
+    EXPECT_EQ(Decode(*tok, output_ids, prompt_ids.back()), c["completion_text"].get<std::string>())
+        << prompt;
+  }
+  EXPECT_EQ(tok->Encode("Once upon a time", true), (std::vector<int32_t>{1, 403, 407, 261, 378}));
+}
+
+// Expected ids from HF AutoTokenizer (add_special_tokens=False) for Llama 2,
+// whose vocabulary TinyLlama shares.
+TEST(HfTokenizerTest, LlamaCppVectorsTinyLlama) {
+  auto tok = Load("tinyllama-tokenizer");
+  ASSERT_TRUE(tok);
+  const auto cases = LlamaCppCases("llama-spm");
+  ASSERT_EQ(cases.size(), 46u);
+  for (const VocabCase& c : cases) EXPECT_EQ(tok->Encode(c.text, false), c.ids) << c.text;
+  // llama2.c's test.c, with BOS.
+  EXPECT_EQ(tok->Encode("I believe the meaning of life is", true),
+            (std::vector<int32_t>{1, 306, 4658, 278, 6593, 310, 2834, 338}));
+}
+
+TEST(HfTokenizerTest, LlamaCppVectorsGpt2) {
+  auto tok = Load("gpt2-tokenizer");
+  ASSERT_TRUE(tok);
+  const auto cases = LlamaCppCases("gpt-2");
+  ASSERT_EQ(cases.size(), 46u);
+  for (const VocabCase& c : cases) EXPECT_EQ(tok->Encode(c.text, false), c.ids) << c.text;
+}
+
+// ---------------------------------------------------------------------------
+// Behaviour
+// ---------------------------------------------------------------------------
+
+TEST(HfTokenizerTest, SpecialTokensInTextAreMatchedAsHfDoes) {
+  auto tok = Load("tinyllama-tokenizer");
+  ASSERT_TRUE(tok);
+  // HF matches added special tokens in the text whatever add_special_tokens
+  // says; the piece after one gets its own "▁" (the legacy normalizer runs on
+  // each piece).
+  EXPECT_EQ(tok->Encode("Hello</s>world", false), (std::vector<int32_t>{15043, 2, 3186}));
+  EXPECT_EQ(tok->Encode("Hello</s>world", true), (std::vector<int32_t>{1, 15043, 2, 3186}));
+  EXPECT_EQ(tok->Encode("", true), (std::vector<int32_t>{1}));
+  EXPECT_TRUE(tok->Encode("", false).empty());
+  EXPECT_EQ(Decode(*tok, tok->Encode("Hello</s>world", true)), "Hello world");
+  auto gpt2 = Load("gpt2-tokenizer");
+  ASSERT_TRUE(gpt2);
+  EXPECT_EQ(gpt2->Encode("a<|endoftext|>b", true), (std::vector<int32_t>{64, 50256, 65}));
+  EXPECT_EQ(DecodeIds(*gpt2, {64, 50256, 65}), "ab");
+}
+
+TEST(HfTokenizerTest, LeadingSpaceIsStrippedOnlyAtTheStart) {
+  auto tok = Load("tinyllama-tokenizer");
+  ASSERT_TRUE(tok);
+  // HF: decode([1, 450]) == decode([450]) == "The"; decode([450, 450]) ==
+  // "The The"; a lone "▁" then "▁The" keeps one space.
+  EXPECT_EQ(DecodeIds(*tok, {1, 450}), "The");
+  EXPECT_EQ(DecodeIds(*tok, {450}), "The");
+  EXPECT_EQ(DecodeIds(*tok, {450, 450}), "The The");
+  EXPECT_EQ(DecodeIds(*tok, {29871, 450}), " The");
+  EXPECT_EQ(DecodeIds(*tok, {450, 2, 29871, 13}), "The \n");
+  EXPECT_EQ(tok->TokenBytes(1, 450), "The");
+  EXPECT_EQ(tok->TokenBytes(-1, 450), "The");
+  EXPECT_EQ(tok->TokenBytes(15043, 450), " The");
+  EXPECT_EQ(tok->TokenBytes(15043, 1), "");  // special: skipped
+  // Byte fallback: "中" is <0xE4><0xB8><0xAD>.
+  EXPECT_EQ(Decode(*tok, tok->Encode("\xE4\xB8\xAD", true)), "\xE4\xB8\xAD");
+}
+
+// TextStream over generated tokens gives the bytes Decode gives them after
+// the prompt's last token: the streaming invariant the engine relies on.
+TEST(HfTokenizerTest, StreamingEqualsDecode) {
+  for (const char* folder : {"tinyllama-tokenizer", "gpt2-tokenizer", "stories260K-hf"}) {
+    auto tok = Load(folder);
+    ASSERT_TRUE(tok);
+    for (const VocabCase& c : LlamaCppCases("llama-spm")) {
+      const std::vector<int32_t> ids = tok->Encode(c.text, true);
+      const std::span<const int32_t> all(ids);
+      // The prompt is ids[0..k), the generation the rest.
+      for (size_t k = 1; k <= ids.size(); k += 1 + ids.size() / 7) {
+        TextStream stream(*tok, ids[k - 1], {});
+        std::string streamed;
+        for (const int32_t id : all.subspan(k)) streamed += stream.Push(id).text;
+        streamed += stream.Finish();
+        EXPECT_EQ(streamed, Decode(*tok, all.subspan(k), ids[k - 1])) << folder << c.text;
+        // After a BOS-only prompt the stream is the whole text, as HF
+        // decodes it (Decode == HF is checked by test_tokenizer_parity.py).
+        if (k == 1 && tok->bos_id() >= 0) {
+          EXPECT_EQ(streamed, Decode(*tok, all)) << folder << c.text;
+        }
+      }
+    }
+  }
+}
+
+TEST(HfTokenizerTest, InvalidUtf8BecomesReplacementCharacters) {
+  auto tok = Load("gpt2-tokenizer");
+  ASSERT_TRUE(tok);
+  const std::vector<int32_t> ids = tok->Encode("a\xFF\xE4\xB8z\x80", true);
+  EXPECT_EQ(ids, tok->Encode("a\xEF\xBF\xBD\xEF\xBF\xBDz\xEF\xBF\xBD", true));
+  for (const int32_t id : ids) EXPECT_TRUE(id >= 0 && id < tok->vocab_size());
+  auto tiny = Load("tinyllama-tokenizer");
+  ASSERT_TRUE(tiny);
+  for (const int32_t id : tiny->Encode(std::string("\0\xC0\xF5<s\xFF", 6), true)) {
+    EXPECT_TRUE(id >= 0 && id < tiny->vocab_size());
+  }
+}
+
+// Many thousands of strings per second: an encode is a regex pass and a heap
+// merge per word, with no allocation per merge.
+TEST(HfTokenizerTest, EncodesThousandsOfStringsPerSecond) {
+  const auto cases = LlamaCppCases("llama-spm");
+  for (const char* folder : {"tinyllama-tokenizer", "gpt2-tokenizer"}) {
+    auto tok = Load(folder);
+    ASSERT_TRUE(tok);
+    size_t strings = 0, bytes = 0;
+    const auto start = std::chrono::steady_clock::now();
+    for (int round = 0; round < 40; ++round) {
+      for (const VocabCase& c : cases) {
+        bytes += tok->Encode(c.text, true).size();
+        ++strings;
+      }
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("%s: %zu strings in %.3f s (%.0f strings/s)\n", folder, strings, seconds,
+                strings / seconds);
+    EXPECT_GT(bytes, 0u);
+    EXPECT_GT(strings / seconds, 2000.0) << folder;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------
+
+// A small valid BPE tokenizer.json, edited by each test.
+Json MiniSpec() {
+  return Json::parse(R"({
+    "version": "1.0", "truncation": null, "padding": null,
+    "added_tokens": [{"id": 0, "content": "<s>", "single_word": false, "lstrip": false,
+                      "rstrip": false, "normalized": false, "special": true}],
+    "normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": null,
+    "model": {"type": "BPE", "vocab": {"<s>": 0, "a": 1, "b": 2, "ab": 3},
+              "merges": ["a b"]}})");
+}
+
+absl::Status LoadMini(const Json& spec) {
+  return LoadHfTokenizerFromJson(spec.dump(), "mini.json").status();
+}
+
+TEST(HfTokenizerErrorsTest, MiniSpecLoads) {
+  auto tok = LoadHfTokenizerFromJson(MiniSpec().dump(), "mini.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->Encode("ab<s>ba", false), (std::vector<int32_t>{3, 0, 2, 1}));
+  // Without a decoder HF joins tokens with spaces.
+  EXPECT_EQ(DecodeIds(**tok, {3, 0, 2, 1}), "ab b a");
+}
+
+TEST(HfTokenizerErrorsTest, MissingFile) {
+  auto tok = LoadHfTokenizer("/nonexistent/tokenizer.json");
+  EXPECT_EQ(tok.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(tok.status().message().find("/nonexistent/tokenizer.json"), std::string::npos);
+}
+
+TEST(HfTokenizerErrorsTest, BadJson) {
+  const std::string path = ::testing::TempDir() + "/bad.json";
+  std::ofstream(path) << "{\"model\": {\"type\": \"BPE\", ";
+  auto tok = LoadHfTokenizer(path);
+  EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(tok.status().message().find(path), std::string::npos) << tok.status();
+  EXPECT_NE(tok.status().message().find("parse error"), std::string::npos) << tok.status();
+}
+
+TEST(HfTokenizerErrorsTest, UnsupportedComponentsAreNamed) {
+  struct Case {
+    const char* pointer;  // JSON pointer to replace
+    const char* value;
+    const char* expected;  // in the message
+  };
+  const Case cases[] = {
+      {"/model/type", R"("WordPiece")", "model: model type WordPiece"},
+      {"/model/type", R"("Unigram")", "model type Unigram"},
+      {"/pre_tokenizer", R"({"type": "Whitespace"})", "pre_tokenizer: pre-tokenizer Whitespace"},
+      {"/pre_tokenizer",
+       R"({"type": "Sequence", "pretokenizers": [{"type": "ByteLevel"}, {"type": "Digits"}]})",
+       "pre_tokenizer.pretokenizers[1]: pre-tokenizer Digits"},
+      {"/normalizer", R"({"type": "NFC"})", "normalizer: normalizer NFC"},
+      {"/post_processor", R"({"type": "RobertaProcessing"})", "post-processor RobertaProcessing"},
+      {"/decoder", R"({"type": "WordPiece"})", "decoder: decoder WordPiece"},
+      {"/decoder", R"({"type": "Sequence", "decoders": [{"type": "Fuse"},
+         {"type": "Strip", "content": " ", "start": 0, "stop": 1}]})",
+       "Strip of the fused text"},
+      {"/pre_tokenizer",
+       R"({"type": "Split", "pattern": {"Regex": "\\w+"}, "behavior": "Isolated"})",
+       "regex \"\\w+\": \\w is not supported"},
+      {"/model/dropout", "0.1", "BPE dropout"},
+      {"/truncation", R"({"max_length": 5})", "truncation"},
+  };
+  for (const Case& c : cases) {
+    Json spec = MiniSpec();
+    spec[Json::json_pointer(c.pointer)] = Json::parse(c.value);
+    const absl::Status status = LoadMini(spec);
+    EXPECT_FALSE(status.ok()) << c.value;
+    EXPECT_NE(status.message().find("mini.json"), std::string::npos) << status;
+    EXPECT_NE(status.message().find(c.expected), std::string::npos) << status;
+  }
+}
+
+TEST(HfTokenizerErrorsTest, MalformedFields) {
+  Json spec = MiniSpec();
+  spec["model"]["vocab"]["x"] = "not an id";
+  EXPECT_NE(LoadMini(spec).message().find("vocab entry \"x\""), std::string::npos);
+  spec = MiniSpec();
+  spec["model"]["unk_token"] = "<unk>";
+  EXPECT_NE(LoadMini(spec).message().find("unk_token \"<unk>\" is not in the vocabulary"),
+            std::string::npos);
+  spec = MiniSpec();
+  spec["added_tokens"][0]["id"] = 7;  // "<s>" is 0 in the vocabulary
+  EXPECT_NE(LoadMini(spec).message().find("HF would give it id 0"), std::string::npos);
+  spec = MiniSpec();
+  spec.erase("model");
+  EXPECT_NE(LoadMini(spec).message().find("model: missing"), std::string::npos);
+}
+
+TEST(HfTokenizerErrorsTest, StrictMergesRejectWhatHfRejects) {
+  HfTokenizerOptions strict;
+  strict.repair_merges = false;
+  auto tiny = LoadHfTokenizer(kModels + "/tinyllama-tokenizer/tokenizer.json", strict);
+  EXPECT_FALSE(tiny.ok());
+  EXPECT_NE(tiny.status().message().find("merge 18917"), std::string::npos) << tiny.status();
+  auto gpt2 = LoadHfTokenizer(kModels + "/gpt2-tokenizer/tokenizer.json", strict);
+  EXPECT_FALSE(gpt2.ok());
+  EXPECT_NE(gpt2.status().message().find("ĠClaude"), std::string::npos) << gpt2.status();
+  EXPECT_TRUE(LoadHfTokenizer(kModels + "/stories260K-hf/tokenizer.json", strict).ok());
+}
+
+}  // namespace
+}  // namespace coalesce::engine
