@@ -116,14 +116,17 @@ _RUNNING_SERVERS = []
 
 
 class Server:
-    def __init__(self, extra_flags=()):
+    def __init__(self, extra_flags=(), model_flags=None):
+        """`model_flags` replaces the default --model/--tokenizer (stories260K)."""
         if not os.path.exists(SERVER):
             pytest.fail("server binary not found: %s (set COALESCE_SERVER)" % SERVER)
         for f in (MODEL_BIN, TOKENIZER_BIN):
             if not os.path.exists(f):
                 pytest.fail("model file not found: %s (set COALESCE_MODELS_DIR)" % f)
-        self.cmd = [SERVER, "--model=" + MODEL_BIN, "--tokenizer=" + TOKENIZER_BIN,
-                    "--port=0", "--metrics_port=0", "--host=127.0.0.1"] + list(extra_flags)
+        if model_flags is None:
+            model_flags = ["--model=" + MODEL_BIN, "--tokenizer=" + TOKENIZER_BIN]
+        self.cmd = ([SERVER] + list(model_flags) +
+                    ["--port=0", "--metrics_port=0", "--host=127.0.0.1"] + list(extra_flags))
         self._log = []
         self._lock = threading.Lock()
         self._serving = threading.Event()
@@ -178,8 +181,8 @@ class Server:
             _RUNNING_SERVERS.remove(self)
 
 
-def start_server(extra_flags):
-    server = Server(extra_flags)
+def start_server(extra_flags, model_flags=None):
+    server = Server(extra_flags, model_flags)
     try:
         client = Client(server)
     except Exception:

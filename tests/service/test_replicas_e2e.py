@@ -1,0 +1,96 @@
+"""Three replicas on loopback behind one client channel that balances per call
+(round_robin over all three addresses, as a Kubernetes client does over a
+headless Service): calls spread over the replicas; SIGTERM to one of them in
+the middle of the load lets its streams finish, new calls go to the other two,
+and no call fails.
+
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/service/test_replicas_e2e.py
+"""
+
+import signal
+import threading
+import time
+
+import grpc
+
+from e2e_support import RPC_TIMEOUT, Client, Server, wait_for
+
+
+def ok_count(client):
+    return client.metrics().get("coalesce_requests_total", status="ok")
+
+
+def test_round_robin_spreads_calls_and_a_drained_replica_fails_nothing(pb, golden):
+    servers = [Server(["--grace_period=20s", "--batch_window=0"]) for _ in range(3)]
+    clients = []
+    channel = None
+    try:
+        for s in servers:
+            c = Client(s)
+            c.bind(pb)
+            clients.append(c)
+        target = "ipv4:" + ",".join(s.address for s in servers)
+        channel = grpc.insecure_channel(target, options=[("grpc.lb_policy_name", "round_robin")])
+        grpc.channel_ready_future(channel).result(timeout=30)
+        generate = channel.unary_stream(
+            "/coalesce.v1.Generator/Generate",
+            request_serializer=pb.g.GenerateRequest.SerializeToString,
+            response_deserializer=pb.g.GenerateResponse.FromString)
+        case = golden[0]
+
+        def call(max_new_tokens):
+            req = pb.g.GenerateRequest(prompt=case["prompt"], max_new_tokens=max_new_tokens)
+            ids = [t for m in generate(req, timeout=RPC_TIMEOUT) for t in m.token_ids]
+            assert ids == case["output_ids"][:max_new_tokens]
+
+        # 1. Calls spread over all three replicas.
+        for _ in range(12):
+            call(8)
+        counts = [ok_count(c) for c in clients]
+        assert all(n >= 2 for n in counts), counts
+
+        # 2. Load from six threads; SIGTERM replica 0 in the middle of it.
+        stop = threading.Event()
+        failures, done = [], [0]
+        lock = threading.Lock()
+
+        def load():
+            while not stop.is_set():
+                try:
+                    call(100)
+                    with lock:
+                        done[0] += 1
+                except Exception as e:  # any failure fails the test
+                    with lock:
+                        failures.append(repr(e))
+
+        threads = [threading.Thread(target=load) for _ in range(6)]
+        for t in threads:
+            t.start()
+        assert wait_for(lambda: clients[0].metrics().get("coalesce_requests_running") >= 1, 10,
+                        interval=0.005), "replica 0 never ran a stream"
+        servers[0].proc.send_signal(signal.SIGTERM)
+        t_signal = time.monotonic()
+        before = [ok_count(c) for c in clients[1:]]
+        time.sleep(2.0)
+        stop.set()
+        for t in threads:
+            t.join(60)
+
+        assert failures == [], failures[:3]
+        rc = servers[0].proc.wait(30)
+        assert rc == 0
+        assert time.monotonic() - t_signal < 25
+        log = servers[0].log()
+        assert "draining" in log and "stopped" in log
+        # After the signal, the other two took the new calls.
+        after = [ok_count(c) for c in clients[1:]]
+        assert all(a > b for a, b in zip(after, before)), (before, after)
+        assert done[0] > 6
+    finally:
+        if channel is not None:
+            channel.close()
+        for c in clients:
+            c.close()
+        for s in servers:
+            s.kill()
