@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Quick start: install, build, and run every test: the fuzzers for a fixed
-# time, then the C++ unit tests and the end-to-end tests of the real server
-# through a Python gRPC client.
+# time, then the C++ unit tests, the end-to-end tests of the real server
+# through a Python gRPC client, and the reference checks against Hugging Face
+# transformers and tokenizers and a real Prometheus.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/build.sh
+tools/install-deps.sh
+# The PyPI packages of the reference tests (tests/requirements.txt) in a venv.
+python=$(tools/make-venv.sh build/venv)
+tools/build.sh -DCOALESCE_PYTHON="$python"
 # The loaders and tokenizers under libFuzzer for a fixed time each.
 tools/fuzz.sh "${COALESCE_FUZZ_SECONDS:-20}"
 cd build
