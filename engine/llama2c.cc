@@ -1,11 +1,5 @@
 #include "engine/llama2c.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -19,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "engine/mapped_file.h"
 
 namespace coalesce::engine {
 namespace {
@@ -33,49 +28,16 @@ struct Llama2cHeader {
 };
 static_assert(sizeof(Llama2cHeader) == 28);
 
-// A read-only private mapping of a whole file, unmapped with the last owner.
-absl::StatusOr<std::shared_ptr<const void>> MapFile(const std::string& path, size_t* size) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    const std::string message = absl::StrCat("cannot open ", path, ": ", std::strerror(err));
-    if (err == ENOENT) return absl::NotFoundError(message);
-    if (err == EACCES) return absl::PermissionDeniedError(message);
-    return absl::InternalError(message);
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    const int err = errno;
-    close(fd);
-    return absl::InternalError(absl::StrCat("cannot stat ", path, ": ", std::strerror(err)));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-  }
-  *size = static_cast<size_t>(st.st_size);
-  if (*size < sizeof(Llama2cHeader)) {
-    close(fd);
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": file too short for a llama2.c header (", *size, " bytes, need 28)"));
-  }
-  void* data = mmap(nullptr, *size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int err = errno;
-  close(fd);  // the mapping keeps its own reference to the file
-  if (data == MAP_FAILED) {
-    return absl::InternalError(absl::StrCat("cannot mmap ", path, ": ", std::strerror(err)));
-  }
-  const size_t length = *size;
-  return std::shared_ptr<const void>(
-      data, [length](const void* p) { munmap(const_cast<void*>(p), length); });
-}
-
 }  // namespace
 
 absl::StatusOr<Model> LoadLlama2cModel(const std::string& path) {
   size_t file_size = 0;
   auto mapped = MapFile(path, &file_size);
   if (!mapped.ok()) return mapped.status();
+  if (file_size < sizeof(Llama2cHeader)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": file too short for a llama2.c header (",
+                                                   file_size, " bytes, need 28)"));
+  }
   Model model;
   model.storage = *std::move(mapped);
 

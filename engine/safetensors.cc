@@ -1,12 +1,6 @@
 #include "engine/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "engine/mapped_file.h"
 
 namespace coalesce::engine {
 namespace {
@@ -26,43 +21,6 @@ using Json = nlohmann::json;
 // The safetensors crate refuses headers over 100 MB; a header that long is
 // corrupt, and parsing it would only waste memory.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
-
-// A read-only private mapping of a whole file, unmapped with the last owner.
-// Empty files map to nullptr (mmap rejects length 0).
-absl::StatusOr<std::shared_ptr<const void>> MapFile(const std::string& path, size_t* size) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    const std::string message = absl::StrCat("cannot open ", path, ": ", std::strerror(err));
-    if (err == ENOENT) return absl::NotFoundError(message);
-    if (err == EACCES) return absl::PermissionDeniedError(message);
-    return absl::InternalError(message);
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    const int err = errno;
-    close(fd);
-    return absl::InternalError(absl::StrCat("cannot stat ", path, ": ", std::strerror(err)));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-  }
-  *size = static_cast<size_t>(st.st_size);
-  if (*size == 0) {
-    close(fd);
-    return std::shared_ptr<const void>();
-  }
-  void* data = mmap(nullptr, *size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int err = errno;
-  close(fd);  // the mapping keeps its own reference to the file
-  if (data == MAP_FAILED) {
-    return absl::InternalError(absl::StrCat("cannot mmap ", path, ": ", std::strerror(err)));
-  }
-  const size_t length = *size;
-  return std::shared_ptr<const void>(
-      data, [length](const void* p) { munmap(const_cast<void*>(p), length); });
-}
 
 // A JSON integer >= 0 (nlohmann stores it signed or unsigned).
 bool GetNonNegative(const Json& j, uint64_t* out) {
