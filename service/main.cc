@@ -7,7 +7,6 @@
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -15,21 +14,16 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
-#include "common/status_macros.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/memory_bandwidth.h"
-#include "engine/hf_model.h"
-#include "engine/hf_tokenizer.h"
-#include "engine/llama2c.h"
-#include "engine/synthetic.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "service/generator_service.h"
+#include "service/model_loader.h"
 #include "service/server_options.h"
 
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address the gRPC server listens on.");
@@ -157,60 +151,6 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   return o;
 }
 
-struct LoadedModel {
-  std::shared_ptr<const engine::Model> model;
-  std::unique_ptr<engine::Tokenizer> tokenizer;
-};
-
-absl::StatusOr<LoadedModel> LoadModel(const ServerOptions& options) {
-  LoadedModel out;
-  if (absl::StartsWith(options.model, "synthetic:")) {
-    ASSIGN_OR_RETURN(engine::Model model, engine::BuildSyntheticModel(options.model));
-    out.tokenizer = engine::BuildSyntheticTokenizer(model.config.vocab_size);
-    out.model = std::make_shared<const engine::Model>(std::move(model));
-    return out;
-  }
-  if (std::filesystem::is_directory(options.model)) {
-    // A Hugging Face folder: weights and config, then tokenizer.json with the
-    // end-of-sequence ids the model's config names.
-    engine::HfLoadOptions load;
-    int last_decile = 0;
-    load.progress = [&last_decile](int64_t done, int64_t total) {
-      if (total < (int64_t{256} << 20)) return;  // small models load at once
-      const int decile = static_cast<int>(done * 10 / total);
-      if (decile > last_decile) {
-        last_decile = decile;
-        LogF(LogLevel::kInfo, "loading weights: %d%% of %.1f MB", decile * 10, total / 1e6);
-      }
-    };
-    ASSIGN_OR_RETURN(engine::Model model, engine::LoadHfModel(options.model, load));
-    engine::HfTokenizerOptions tokenizer_options;
-    if (!model.config.eos_token_ids.empty()) tokenizer_options.eos_ids = model.config.eos_token_ids;
-    const std::string tokenizer_path =
-        options.tokenizer.empty() ? options.model + "/tokenizer.json" : options.tokenizer;
-    ASSIGN_OR_RETURN(out.tokenizer, engine::LoadHfTokenizer(tokenizer_path, tokenizer_options));
-    if (out.tokenizer->vocab_size() > model.config.vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(tokenizer_path, " has ", out.tokenizer->vocab_size(),
-                       " tokens but the model's vocab_size is ", model.config.vocab_size));
-    }
-    out.model = std::make_shared<const engine::Model>(std::move(model));
-    return out;
-  }
-  ASSIGN_OR_RETURN(engine::Model model, engine::LoadLlama2cModel(options.model));
-  std::string tokenizer_path = options.tokenizer;
-  if (tokenizer_path.empty()) {
-    const size_t slash = options.model.find_last_of('/');
-    tokenizer_path =
-        (slash == std::string::npos ? std::string() : options.model.substr(0, slash + 1)) +
-        "tokenizer.bin";
-  }
-  ASSIGN_OR_RETURN(out.tokenizer,
-                   engine::LoadLlama2cTokenizer(tokenizer_path, model.config.vocab_size));
-  out.model = std::make_shared<const engine::Model>(std::move(model));
-  return out;
-}
-
 int64_t PhysicalMemoryBytes() {
   return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
 }
@@ -218,7 +158,8 @@ int64_t PhysicalMemoryBytes() {
 int Serve(const ServerOptions& options) {
   // 1. The model.
   const absl::Time load_start = absl::Now();
-  absl::StatusOr<LoadedModel> loaded = LoadModel(options);
+  absl::StatusOr<service::LoadedModel> loaded =
+      service::LoadModel(options.model, options.tokenizer);
   if (!loaded.ok()) {
     Log(LogLevel::kError, absl::StrCat("cannot load the model: ", loaded.status().message()));
     return 1;
