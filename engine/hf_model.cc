@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "engine/json_depth.h"
 #include "engine/safetensors.h"
 
 namespace coalesce::engine {
@@ -109,6 +110,10 @@ absl::StatusOr<Json> ReadJson(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (JsonNestsDeeperThan(text, kMaxJsonDepth)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": JSON nested more than ", kMaxJsonDepth, " levels deep"));
+  }
   Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": malformed JSON"));
   if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
@@ -381,10 +386,13 @@ absl::Status LoadWeights(const ModelConfig& c, const SafetensorsCheckpoint& chec
   } else {
     ASSIGN_OR_RETURN(w.classifier, placer.Take("lm_head.weight", {v, d}));
   }
-  w.layers.resize(c.n_layers);
+  // Layers are added as their tensors are found rather than all at once: a
+  // config.json may claim two billion layers, and only the checkpoint can
+  // show it wrong.
+  w.layers.clear();
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
-    LayerWeights& lw = w.layers[l];
+    LayerWeights& lw = w.layers.emplace_back();
     ASSIGN_OR_RETURN(lw.attn_norm, placer.Take(p + "input_layernorm.weight", {d}));
     ASSIGN_OR_RETURN(lw.wq, placer.Take(p + "self_attn.q_proj.weight", {d, d}, c.n_heads));
     ASSIGN_OR_RETURN(lw.wk, placer.Take(p + "self_attn.k_proj.weight", {kv, d}, c.n_kv_heads));

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <exception>
 #include <fstream>
 #include <iterator>
 #include <queue>
@@ -448,8 +449,11 @@ std::vector<int32_t> HfTokenizer::Encode(std::string_view text, bool add_special
 // Loading
 // ---------------------------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<HfTokenizer>> LoadHfTokenizerFromJson(
-    std::string_view json, const std::string& source, const HfTokenizerOptions& options) {
+namespace {
+
+absl::StatusOr<std::unique_ptr<HfTokenizer>> LoadFromJson(std::string_view json,
+                                                          const std::string& source,
+                                                          const HfTokenizerOptions& options) {
   auto impl = std::make_shared<HfTokenizer::Impl>();
   auto spec = hf::ParseTokenizerJson(json, source, options, &impl->notes);
   if (!spec.ok()) return spec.status();
@@ -510,6 +514,19 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> LoadHfTokenizerFromJson(
     if (first != impl->bytes[id]) impl->first_bytes.emplace(id, std::move(first));
   }
   return std::make_unique<HfTokenizer>(std::move(impl));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HfTokenizer>> LoadHfTokenizerFromJson(
+    std::string_view json, const std::string& source, const HfTokenizerOptions& options) {
+  // The parser keeps tables proportional to the file, so this only catches
+  // running out of memory on a huge one; callers get a status, not a throw.
+  try {
+    return LoadFromJson(json, source, options);
+  } catch (const std::exception& e) {
+    return absl::InternalError(hf::Cat(source, ": loading failed: ", e.what()));
+  }
 }
 
 absl::StatusOr<std::unique_ptr<HfTokenizer>> LoadHfTokenizer(const std::string& tokenizer_json_path,

@@ -4,15 +4,22 @@
 //    Sequence[Prepend("▁"), Replace(" ", "▁")] or a Metaspace pre-tokenizer,
 //    byte_fallback, unk_token, fuse_unk; decoder Sequence[Replace("▁", " "),
 //    ByteFallback, Fuse, Strip(" ", 1, 0)] or Metaspace.
-//  - byte-level BPE (GPT-2, Llama 3): ByteLevel pre-tokenizer (add_prefix_space,
-//    use_regex), Split pre-tokenizers with Oniguruma regexes (run with PCRE2),
-//    ignore_merges, ByteLevel decoder.
+//  - byte-level BPE (GPT-2, Llama 3, Qwen2): ByteLevel pre-tokenizer
+//    (add_prefix_space, use_regex), Split pre-tokenizers with Oniguruma
+//    regexes (run with PCRE2), ignore_merges, ByteLevel decoder.
+//  - the Unicode normalizers NFC (Qwen2), NFD, NFKC and NFKD, alone or in a
+//    Sequence, run with utf8proc. HF's tables are Unicode 9.0's, utf8proc's
+//    newer: the characters assigned since that utf8proc would normalize are
+//    left as they are, as HF leaves them (hf_tokenizer_text.cc lists them).
 //  - added tokens (single_word, lstrip, rstrip, normalized, special) and the
 //    TemplateProcessing / ByteLevel post-processors.
 // A file that asks for anything else (another model type, normalizer,
 // pre-tokenizer, post-processor or decoder, or an option value that changes
 // ids or text in a way not implemented) fails to load with an error naming
-// the file and the component: never a silently different tokenization.
+// the file and the component: never a silently different tokenization. So
+// does a file no tokenizer would have but that would exhaust the loader: JSON
+// nested more than 64 levels deep, or ids spread over more than twice the
+// tokens it defines (plus 1024).
 //
 // Encode(text, add_special_tokens) == HF encode(text, add_special_tokens).ids.
 // As in HF, added special tokens written in the text ("</s>") are matched

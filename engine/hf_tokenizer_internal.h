@@ -42,11 +42,15 @@ struct Pattern {
 // Normalizers (applied to each piece of text between added tokens)
 // ---------------------------------------------------------------------------
 
+// The Unicode normalization forms of HF's NFC, NFD, NFKC and NFKD normalizers.
+enum class UnicodeForm { kNfc, kNfd, kNfkc, kNfkd };
+
 struct NormalizerStep {
-  enum class Kind { kPrepend, kReplace };
+  enum class Kind { kPrepend, kReplace, kUnicode };
   Kind kind;
-  std::string text;  // kPrepend: what to prepend; kReplace: the replacement
-  Pattern pattern;   // kReplace
+  std::string text;                      // kPrepend: what to prepend; kReplace: the replacement
+  Pattern pattern;                       // kReplace
+  UnicodeForm form = UnicodeForm::kNfc;  // kUnicode
 };
 
 // ---------------------------------------------------------------------------
@@ -225,6 +229,12 @@ class TokenMatcher {
   std::vector<Node> nodes_ = std::vector<Node>(1);
   std::array<bool, 256> first_bytes_{};  // bytes a pattern starts with
 };
+
+// `text` (valid UTF-8) in normalization form `form`, as HF's normalizer of
+// that name gives it: utf8proc's normalization, except that characters newer
+// than the Unicode version of HF's tables are left alone (see
+// hf_tokenizer_text.cc).
+std::string NormalizeUnicode(std::string_view text, UnicodeForm form);
 
 // Applies the normalizer steps to `text`.
 std::string Normalize(const std::vector<NormalizerStep>& steps, std::string_view text);

@@ -9,12 +9,19 @@
 #include "absl/status/status.h"
 #include "common/status_macros.h"
 #include "engine/hf_tokenizer_internal.h"
+#include "engine/json_depth.h"
 #include "nlohmann/json.hpp"
 
 namespace coalesce::engine::hf {
 namespace {
 
 using Json = nlohmann::json;
+
+// The most ids a file with `tokens` vocabulary pieces and added tokens may
+// span. HF allows gaps between ids, but every table here indexed by id is as
+// long as the largest id, so four pieces with one at id 10^9 would take tens
+// of gigabytes; real files have few gaps, if any.
+int64_t MaxPlausibleIds(size_t tokens) { return 2 * static_cast<int64_t>(tokens) + 1024; }
 
 // Errors carry the file and the component ("pre_tokenizer.pretokenizers[1]").
 class Parser {
@@ -163,6 +170,10 @@ absl::Status Parser::ParseModel(const Json& model, TokenizerSpec& spec) {
     const int64_t id = it->get<int64_t>();
     bpe.ids.emplace(it.key(), static_cast<int32_t>(id));
     max_id = std::max(max_id, id);
+  }
+  if (max_id >= MaxPlausibleIds(vocab->size())) {
+    return Error(where, Cat("vocab ids reach ", max_id, " with only ", vocab->size(),
+                            " pieces: too sparse to be a vocabulary"));
   }
   bpe.pieces.assign(max_id + 1, std::string());
   std::vector<bool> seen(max_id + 1, false);
@@ -353,8 +364,15 @@ absl::Status Parser::ParseNormalizer(const Json& node, std::string where, Tokeni
     step.kind = NormalizerStep::Kind::kReplace;
     ASSIGN_OR_RETURN(step.pattern, ParsePattern(node, where, /*allow_regex=*/true));
     ASSIGN_OR_RETURN(step.text, String(node, "content", where));
+  } else if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
+    step.kind = NormalizerStep::Kind::kUnicode;
+    step.form = type == "NFC"    ? UnicodeForm::kNfc
+                : type == "NFD"  ? UnicodeForm::kNfd
+                : type == "NFKC" ? UnicodeForm::kNfkc
+                                 : UnicodeForm::kNfkd;
   } else {
-    // NFC/NFKC/Lowercase/Precompiled... need Unicode tables we do not carry.
+    // Lowercase, Strip, BertNormalizer, Precompiled (SentencePiece's
+    // charsmap)...: none is implemented.
     return Unsupported(where, Cat("normalizer ", type));
   }
   spec.normalizers.push_back(std::move(step));
@@ -502,7 +520,8 @@ absl::Status Parser::ParsePostProcessor(const Json& node, std::string where, Tok
       return Error(piece_where, Cat("special_tokens[\"", name, "\"] has no ids"));
     }
     for (const Json& id : *ids) {
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (1 << 30)) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+          id.get<int64_t>() >= MaxPlausibleIds(spec.model.ids.size() + spec.added.size())) {
         return Error(piece_where, Cat("special_tokens[\"", name, "\"] has a bad id"));
       }
       (seen_sequence ? suffix : prefix).push_back(static_cast<int32_t>(id.get<int64_t>()));
@@ -651,6 +670,10 @@ absl::StatusOr<TokenizerSpec> Parser::Parse(const Json& root) {
 absl::StatusOr<TokenizerSpec> ParseTokenizerJson(std::string_view json, const std::string& source,
                                                  const HfTokenizerOptions& options,
                                                  std::vector<std::string>* notes) {
+  if (JsonNestsDeeperThan(json, kMaxJsonDepth)) {
+    return absl::InvalidArgumentError(
+        Cat(source, ": JSON nested more than ", kMaxJsonDepth, " levels deep"));
+  }
   Json root = Json::parse(json, /*cb=*/nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) {
     // Parse again for the position of the error; nlohmann reports it only

@@ -1,6 +1,11 @@
 // Text helpers of the tokenizer.json tokenizer: UTF-8, GPT-2's byte map,
-// HF's split behaviours, the added-token matcher and the normalizers.
+// HF's split behaviours, the added-token matcher and the normalizers
+// (Unicode normalization by utf8proc).
+#include <utf8proc.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -214,6 +219,98 @@ bool TokenMatcher::Find(std::string_view text, size_t from, Match& match) const 
 // Normalizers
 // ---------------------------------------------------------------------------
 
+namespace {
+
+// Characters assigned after Unicode 9.0 that utf8proc 2.8 (Unicode 15.0)
+// decomposes, reorders or composes. HF `tokenizers` normalizes with the crate
+// unicode-normalization-alignments 0.1.12, whose tables are Unicode 9.0's: to
+// it these characters are unassigned, so it leaves them as they are, with
+// combining class 0, composing with nothing. (Stability keeps every older
+// character's normalization fixed, so nothing else differs.) Found by running
+// HF's four normalizers and utf8proc over every code point, alone, between
+// U+0345 and U+0334 (combining classes 240 and 1) and as its decomposition;
+// test_tokenizer_parity.py repeats that comparison, so a utf8proc with a newer
+// Unicode shows which characters to add here.
+constexpr std::pair<uint32_t, uint32_t> kUnknownToHf[] = {
+    {0x7FD, 0x7FD},     {0x898, 0x89F},     {0x8CA, 0x8D3},     {0x9FE, 0x9FE},
+    {0xC3C, 0xC3C},     {0xD3B, 0xD3C},     {0xEBA, 0xEBA},     {0x1715, 0x1715},
+    {0x1ABF, 0x1ACE},   {0x1DF6, 0x1DFA},   {0x32FF, 0x32FF},   {0xA7F2, 0xA7F4},
+    {0xA82C, 0xA82C},   {0xAB69, 0xAB69},   {0x10781, 0x10785}, {0x10787, 0x107B0},
+    {0x107B2, 0x107BA}, {0x10D24, 0x10D27}, {0x10EAB, 0x10EAC}, {0x10EFD, 0x10EFF},
+    {0x10F46, 0x10F50}, {0x10F82, 0x10F85}, {0x11070, 0x11070}, {0x1133B, 0x1133B},
+    {0x1145E, 0x1145E}, {0x11839, 0x1183A}, {0x11930, 0x11930}, {0x11935, 0x11935},
+    {0x11938, 0x11938}, {0x1193D, 0x1193E}, {0x11943, 0x11943}, {0x119E0, 0x119E0},
+    {0x11A34, 0x11A34}, {0x11A47, 0x11A47}, {0x11A99, 0x11A99}, {0x11D42, 0x11D42},
+    {0x11D44, 0x11D45}, {0x11D97, 0x11D97}, {0x11F41, 0x11F42}, {0x16FF0, 0x16FF1},
+    {0x1E030, 0x1E06D}, {0x1E08F, 0x1E08F}, {0x1E130, 0x1E136}, {0x1E2AE, 0x1E2AE},
+    {0x1E2EC, 0x1E2EF}, {0x1E4EC, 0x1E4EF}, {0x1F16C, 0x1F16C}, {0x1FBF0, 0x1FBF9},
+};
+
+bool UnknownToHf(uint32_t cp) {
+  auto it = std::upper_bound(std::begin(kUnknownToHf), std::end(kUnknownToHf), cp,
+                             [](uint32_t c, const auto& range) { return c < range.first; });
+  return it != std::begin(kUnknownToHf) && cp <= std::prev(it)->second;
+}
+
+// utf8proc's normalization of `text` (valid UTF-8), appended to `out`.
+void AppendUtf8proc(std::string_view text, utf8proc_option_t options, std::string& out) {
+  if (text.empty()) return;
+  utf8proc_uint8_t* result = nullptr;
+  const utf8proc_ssize_t n =
+      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                   static_cast<utf8proc_ssize_t>(text.size()), &result, options);
+  // Only invalid UTF-8 (which callers never pass) or a failed allocation
+  // fail; leaving the text unnormalized beats failing the whole encode.
+  if (n < 0) {
+    out.append(text);
+    return;
+  }
+  out.append(reinterpret_cast<const char*>(result), static_cast<size_t>(n));
+  std::free(result);
+}
+
+}  // namespace
+
+std::string NormalizeUnicode(std::string_view text, UnicodeForm form) {
+  // ASCII is the same in every form.
+  if (std::all_of(text.begin(), text.end(), [](char c) { return static_cast<uint8_t>(c) < 0x80; }))
+    return std::string(text);
+  // STABLE: no composition into composition exclusions (part of the
+  // standard's NFC, optional in utf8proc).
+  int options = UTF8PROC_STABLE;
+  switch (form) {
+    case UnicodeForm::kNfc:
+      options |= UTF8PROC_COMPOSE;
+      break;
+    case UnicodeForm::kNfd:
+      options |= UTF8PROC_DECOMPOSE;
+      break;
+    case UnicodeForm::kNfkc:
+      options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+      break;
+    case UnicodeForm::kNfkd:
+      options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+      break;
+  }
+  // A character unknown to HF is a starter that composes with nothing, so
+  // the text on each side of it normalizes on its own.
+  std::string out;
+  out.reserve(text.size());
+  size_t segment = 0;
+  for (size_t at = 0; at < text.size();) {
+    const size_t len = CharLength(text[at]);
+    if (len > 1 && at + len <= text.size() && UnknownToHf(DecodeChar(text, at))) {
+      AppendUtf8proc(text.substr(segment, at - segment), static_cast<utf8proc_option_t>(options),
+                     out);
+      out.append(text, at, len);
+      segment = at + len;
+    }
+    at += len;
+  }
+  AppendUtf8proc(text.substr(segment), static_cast<utf8proc_option_t>(options), out);
+  return out;
+}
+
 std::string Normalize(const std::vector<NormalizerStep>& steps, std::string_view text) {
   std::string s(text);
   std::vector<std::pair<size_t, size_t>> matches;
@@ -237,6 +334,9 @@ std::string Normalize(const std::vector<NormalizerStep>& steps, std::string_view
         s = std::move(out);
         break;
       }
+      case NormalizerStep::Kind::kUnicode:
+        s = NormalizeUnicode(s, step.form);
+        break;
     }
   }
   return s;

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "engine/json_depth.h"
 #include "engine/mapped_file.h"
 
 namespace coalesce::engine {
@@ -117,6 +118,10 @@ absl::StatusOr<Json> ReadJsonFile(const std::string& path) {
     return absl::NotFoundError(absl::StrCat("cannot open ", path));
   }
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (JsonNestsDeeperThan(text, kMaxJsonDepth)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": JSON nested more than ", kMaxJsonDepth, " levels deep"));
+  }
   Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": malformed JSON"));
   return j;
@@ -163,6 +168,10 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   // 2. The JSON header. Parsing without exceptions; every later access checks
   //    the type first, so nothing below can throw.
   const char* header = reinterpret_cast<const char*>(bytes + 8);
+  if (JsonNestsDeeperThan(std::string_view(header, header_size), kMaxJsonDepth)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": the header nests more than ", kMaxJsonDepth, " levels deep"));
+  }
   const Json j = Json::parse(header, header + header_size, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError(

@@ -16,7 +16,11 @@ cmake --build "$build" -j "$(nproc)" --target $targets
 for t in $targets; do
   echo "== $t: ${seconds}s"
   mkdir -p "$build/corpus/$t"
+  # New inputs go to the first folder (the build's); the checked-in seeds of
+  # tests/fuzz/corpus/<target>, where there are any, are only read.
+  seeds=()
+  [ -d "tests/fuzz/corpus/$t" ] && seeds=("tests/fuzz/corpus/$t")
   "$build/bin/$t" -max_total_time="$seconds" -rss_limit_mb=4096 -artifact_prefix="$build/" \
-    "$build/corpus/$t" 2>&1 | tail -n 3
+    "$build/corpus/$t" "${seeds[@]}" 2>&1 | tail -n 3
 done
 echo "fuzzing: no crash, no sanitizer report"

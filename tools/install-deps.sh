@@ -16,6 +16,8 @@ packages=(
   nlohmann-json3-dev
   # PCRE2: the Unicode regexes (\p{L}, lookahead) of tokenizer.json pre-tokenizers
   libpcre2-dev
+  # utf8proc: Unicode normalization (NFC, NFKC...) for tokenizer.json normalizers
+  libutf8proc-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev clang-format git
   # fuzzing: clang's libFuzzer, AddressSanitizer and UBSan runtimes

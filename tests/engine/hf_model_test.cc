@@ -587,5 +587,41 @@ TEST_F(HfFolderTest, AttentionBiasNeedsBiasTensors) {
   ExpectError("model.safetensors", {"unexpected tensor model.layers.0.self_attn.q_proj.bias"});
 }
 
+// Found through tests/fuzz/hf_model_fuzz: the layers were allocated for
+// num_hidden_layers before any layer tensor was looked up, so a config.json
+// claiming two billion layers asked for ~400 GB (std::bad_alloc) instead of
+// reporting the missing layer 2.
+TEST_F(HfFolderTest, ClaimedLayersBeyondTheCheckpoint) {
+  Json config = TinyConfig();
+  config["num_hidden_layers"] = 2000000000;
+  Write(config, TinyTensors());
+  ExpectError("model.safetensors", {"missing tensor model.layers.2.input_layernorm.weight"});
+  EXPECT_EQ(LoadHfModel(dir_.string()).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Found through tests/fuzz/hf_model_fuzz: copying or printing a JSON value
+// recurses once per level, so an eos_token_id of 30000 nested lists
+// overflowed the stack. Files nested more than 64 levels are refused.
+TEST_F(HfFolderTest, DeeplyNestedJson) {
+  const std::string deep = std::string(30000, '[') + std::string(30000, ']');
+  Write(TinyConfig(), TinyTensors());
+  std::string config = TinyConfig().dump();
+  config.insert(config.rfind('}'), ", \"eos_token_id\": " + deep);
+  WriteFile(dir_ / "config.json", config);
+  ExpectError("config.json", {"nested more than 64 levels"});
+  // The same in the safetensors header, where 64 levels (the header, its
+  // __metadata__ and 62 lists) are fine.
+  for (const int lists : {62, 63, 1000}) {
+    const std::string nested = std::string(lists, '[') + std::string(lists, ']');
+    Write(TinyConfig(), TinyTensors(),
+          [&](Json& header) { header["__metadata__"]["x"] = Json::parse(nested); });
+    if (lists == 62) {
+      EXPECT_TRUE(LoadHfModel(dir_.string()).ok());
+    } else {
+      ExpectError("model.safetensors", {"nests more than 64 levels"});
+    }
+  }
+}
+
 }  // namespace
 }  // namespace coalesce::engine

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -247,6 +248,76 @@ TEST(HfTokenizerTest, EncodesThousandsOfStringsPerSecond) {
   }
 }
 
+// GPT-2's vocabulary with Qwen2's components (Split with Qwen2's regex, then
+// ByteLevel; ByteLevel decoder) and `normalizer`: the byte-level decoder gives
+// back the normalized text exactly, so Decode(Encode(x)) shows what the
+// normalizer made of x.
+std::unique_ptr<HfTokenizer> Gpt2WithNormalizer(const Json& normalizer) {
+  Json spec = Json::parse(ReadFile(kModels + "/gpt2-tokenizer/tokenizer.json"));
+  spec["normalizer"] = normalizer;
+  spec["pre_tokenizer"] = Json::parse(R"({"type": "Sequence", "pretokenizers": [
+      {"type": "Split", "behavior": "Isolated", "invert": false, "pattern": {"Regex":
+       "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+      {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false,
+       "use_regex": false}]})");
+  spec["decoder"] = Json::parse(R"({"type": "ByteLevel"})");
+  auto tok = LoadHfTokenizerFromJson(spec.dump(), "gpt2-normalized.json");
+  EXPECT_TRUE(tok.ok()) << tok.status();
+  return tok.ok() ? *std::move(tok) : nullptr;
+}
+
+// What HF's NFC/NFD/NFKC/NFKD normalizers give (each expected string is
+// tokenizers 0.21's normalize_str of the input).
+TEST(HfTokenizerTest, UnicodeNormalizers) {
+  struct Case {
+    const char* form;
+    const char* input;
+    const char* normalized;
+  };
+  const Case cases[] = {
+      // Decomposed accents compose; composed ones decompose.
+      {"NFC", "cafe\u0301 na\u0131\u0308ve", "caf\u00e9 na\u0131\u0308ve"},
+      {"NFD", "caf\u00e9", "cafe\u0301"},
+      // Combining marks are put in canonical order (dot below, class 220,
+      // before acute, class 230) and then composed where they can be.
+      {"NFD", "a\u0301\u0323", "a\u0323\u0301"},
+      {"NFC", "a\u0301\u0323", "\u1ea1\u0301"},
+      // Hangul: conjoining jamo compose into a syllable and back.
+      {"NFC", "\u1112\u1161\u11ab\uae00", "\ud55c\uae00"},
+      {"NFD", "\ud55c", "\u1112\u1161\u11ab"},
+      // Compatibility characters change only in the K forms.
+      {"NFC", "\ufb01 \u2460 \uff28\uff45\uff4c\uff4c\uff4f",
+       "\ufb01 \u2460 \uff28\uff45\uff4c\uff4c\uff4f"},
+      {"NFKC", "\ufb01 \u2460 \uff28\uff45\uff4c\uff4c\uff4f x\u00b2 \u2126",
+       "fi 1 Hello x2 \u03a9"},
+      {"NFKD", "\ufb01 \u00c5", "fi A\u030a"},
+      // Characters newer than Unicode 9.0 (HF's tables) stay as they are:
+      // U+32FF (Unicode 12.1) keeps its compatibility decomposition unused,
+      // U+11935 U+11930 (13.0) do not compose into U+11938, and U+1DF6
+      // (10.0, class 232 in utf8proc) is not reordered.
+      {"NFKC", "\u32ff", "\u32ff"},
+      {"NFC", "\U00011935\U00011930", "\U00011935\U00011930"},
+      {"NFD", "a\u1df6\u0323", "a\u1df6\u0323"},
+      {"NFD", "\u00e9\u1df6\u00e9", "e\u0301\u1df6e\u0301"},
+      {"NFC", "", ""},
+  };
+  std::map<std::string, std::unique_ptr<HfTokenizer>> tokenizers;  // by normalizer
+  for (const Case& c : cases) {
+    // Inside a Sequence too, as the NFKC of some files is.
+    for (const bool in_sequence : {false, true}) {
+      Json normalizer = {{"type", c.form}};
+      if (in_sequence) normalizer = {{"type", "Sequence"}, {"normalizers", {normalizer}}};
+      std::unique_ptr<HfTokenizer>& tok = tokenizers[normalizer.dump()];
+      if (!tok) tok = Gpt2WithNormalizer(normalizer);
+      ASSERT_TRUE(tok);
+      const std::string input = c.input, want = c.normalized;
+      const std::vector<int32_t> ids = tok->Encode(input, false);
+      EXPECT_EQ(Decode(*tok, ids), want) << c.form << " " << c.input;
+      EXPECT_EQ(ids, tok->Encode(want, false)) << c.form << " " << c.input;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Errors
 // ---------------------------------------------------------------------------
@@ -302,7 +373,10 @@ TEST(HfTokenizerErrorsTest, UnsupportedComponentsAreNamed) {
       {"/pre_tokenizer",
        R"({"type": "Sequence", "pretokenizers": [{"type": "ByteLevel"}, {"type": "Digits"}]})",
        "pre_tokenizer.pretokenizers[1]: pre-tokenizer Digits"},
-      {"/normalizer", R"({"type": "NFC"})", "normalizer: normalizer NFC"},
+      {"/normalizer", R"({"type": "Lowercase"})", "normalizer: normalizer Lowercase"},
+      {"/normalizer", R"({"type": "Sequence", "normalizers": [{"type": "NFC"},
+         {"type": "Precompiled", "precompiled_charsmap": ""}]})",
+       "normalizer.normalizers[1]: normalizer Precompiled"},
       {"/post_processor", R"({"type": "RobertaProcessing"})", "post-processor RobertaProcessing"},
       {"/decoder", R"({"type": "WordPiece"})", "decoder: decoder WordPiece"},
       {"/decoder", R"({"type": "Sequence", "decoders": [{"type": "Fuse"},
@@ -338,6 +412,43 @@ TEST(HfTokenizerErrorsTest, MalformedFields) {
   spec = MiniSpec();
   spec.erase("model");
   EXPECT_NE(LoadMini(spec).message().find("model: missing"), std::string::npos);
+}
+
+// Found through tests/fuzz/hf_tokenizer_fuzz: every table indexed by id is
+// as long as the largest id, so a 100-byte file with a vocabulary or template
+// id of 10^9 asked for tens of gigabytes (std::bad_alloc escaped the loader).
+// Ids may leave gaps, but not more than the file has tokens.
+TEST(HfTokenizerErrorsTest, SparseIdsAreRefused) {
+  Json spec = MiniSpec();
+  spec["model"]["vocab"]["x"] = 1000000000;
+  EXPECT_NE(LoadMini(spec).message().find("vocab ids reach 1000000000 with only 5 pieces"),
+            std::string::npos)
+      << LoadMini(spec);
+  spec["model"]["vocab"]["x"] = 1000;  // a gap, as HF allows
+  EXPECT_TRUE(LoadMini(spec).ok()) << LoadMini(spec);
+  spec = MiniSpec();
+  spec["post_processor"] = Json::parse(R"({"type": "TemplateProcessing",
+      "single": [{"SpecialToken": {"id": "X", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+      "special_tokens": {"X": {"id": "X", "ids": [1000000000], "tokens": ["X"]}}})");
+  EXPECT_NE(LoadMini(spec).message().find("special_tokens[\"X\"] has a bad id"), std::string::npos)
+      << LoadMini(spec);
+}
+
+// Found through tests/fuzz/hf_tokenizer_fuzz: the parser reads Sequence
+// components recursively, so a normalizer nested 100000 deep overflowed the
+// stack. Files nested more than 64 levels are refused.
+TEST(HfTokenizerErrorsTest, DeeplyNestedJsonIsRefused) {
+  std::string normalizer;
+  for (int i = 0; i < 100000; ++i) normalizer += R"({"type": "Sequence", "normalizers": [)";
+  normalizer += R"({"type": "NFC"})";
+  for (int i = 0; i < 100000; ++i) normalizer += "]}";
+  std::string json = MiniSpec().dump();
+  const std::string null_normalizer = R"("normalizer":null)";
+  json.replace(json.find(null_normalizer), null_normalizer.size(), "\"normalizer\":" + normalizer);
+  auto tok = LoadHfTokenizerFromJson(json, "deep.json");
+  EXPECT_NE(tok.status().message().find("deep.json: JSON nested more than 64 levels"),
+            std::string::npos)
+      << tok.status();
 }
 
 TEST(HfTokenizerErrorsTest, StrictMergesRejectWhatHfRejects) {

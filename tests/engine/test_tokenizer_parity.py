@@ -17,7 +17,9 @@ at load (HfTokenizerOptions::repair_merges, reported in load_notes); HF gets a
 temporary copy with the same repair written out (pair-form merges, the
 dangling merge removed). Beyond the three real files, variants built from
 them cover components those files do not use (Split with the Llama 3 and
-Qwen2 regexes, ignore_merges, Metaspace, added-token flags).
+Qwen2 regexes, Qwen2's NFC and the other Unicode normalizers, ignore_merges,
+Metaspace, added-token flags). test_normalizer_every_code_point compares the
+four Unicode normalizers with HF's on every code point.
 """
 
 import json
@@ -71,7 +73,7 @@ WORDS = ["the", "The", "hello", "Hello", "world", "tokenizer", "don't", "I'm", "
          "it's", "You've", "'s", "'t", "'RE", "'Ll", "'d", "café", "naïve", "Straße", "東京",
          "我想在", "apple", "工作", "Привет", "мир", "مرحبا", "नमस्ते", "สวัสดี", "ĠHello", "▁world",
          "__init__", "http://example.com/a?b=c&d=e", "foo", "foo_bar", "x=1;y=2", "Claude",
-         "ClaudeAI", " Claude", "LLMProvider"]
+         "ClaudeAI", " Claude", "LLMProvider", "\ufb01x", "fix", "\uff26\uff29\uff38"]
 SPECIAL_LOOKALIKES = ["<s>", "</s>", "<unk>", "<|endoftext|>", "<s", "</s", "s>", "<<s>>",
                       "<|endoftext", "|endoftext|>", "<|endoftext|><|endoftext|>", "<pad>",
                       "<0x41>", "<0xE4>", "[INST]", "[/INST]", "<|im_start|>", "<mask>", "[END]",
@@ -94,8 +96,44 @@ def _any_char(rng):
             return chr(cp)
 
 
+# Unicode normalization (the NFC of Qwen2, and NFD/NFKC/NFKD): conjoining
+# Hangul jamo, compatibility characters, combining marks of many classes, and
+# characters newer than Unicode 9.0, which HF's normalizers leave alone.
+JAMO_L = [chr(c) for c in range(0x1100, 0x1113)]
+JAMO_V = [chr(c) for c in range(0x1161, 0x1176)]
+JAMO_T = [chr(c) for c in range(0x11A8, 0x11C3)]
+COMPAT = ("\ufb01\ufb02\ufb00\u2460\u2461\u2469\u2474\u3251\u00bd\u00b2\u00b3\u2163\u216b\u2122"
+          "\u2026\u00c5\u212b\u2126\u3231\u338f\u33a1\u00a0\u2002\u3000\u1e9b\u0149\u01c4"
+          "\u02b0\u2070\u2080\u210c\u2102\U0001d400\U0001d7d8\U0001f100\U0001f12a\uff61\uff76\uffe1")
+FULLWIDTH = "".join(chr(c) for c in range(0xFF01, 0xFF5F))
+MARKS = ("\u0300\u0301\u0308\u0316\u0323\u0327\u0334\u0345\u0360\u05b0\u05bc\u0654\u093c"
+         "\u0e38\u0f72\u0f74\u0f80\u1dce\u302a\u3099\u309a\u20d2\u20e3")
+NEWER_THAN_9 = ["\u32ff", "\U00011935\U00011930", "\U00011938", "\u1df6", "\u1ac0", "\ua7f2",
+                "\U0001fbf5", "\U0001e030", "\u08ca", "\U00011d97", "\U00010f46"]
+
+
+def _normalization_fragment(rng):
+    kind = rng.randrange(5)
+    if kind == 0:  # conjoining jamo, whole syllables or not
+        return "".join(rng.choice(JAMO_L) + rng.choice(JAMO_V) +
+                       (rng.choice(JAMO_T) if rng.random() < 0.5 else "")
+                       if rng.random() < 0.8 else rng.choice(JAMO_L + JAMO_V + JAMO_T)
+                       for _ in range(rng.randint(1, 4)))
+    if kind == 1:
+        return _chars(COMPAT + LATIN, rng, rng.randint(1, 8))
+    if kind == 2:
+        return _chars(FULLWIDTH, rng, rng.randint(1, 10))
+    if kind == 3:  # marks to reorder and compose
+        return "".join(rng.choice(LATIN + ACCENTED + HANGUL + "\u0915\u0e01\u304b") +
+                       _chars(MARKS, rng, rng.randint(0, 4)) for _ in range(rng.randint(1, 4)))
+    return "".join(rng.choice(NEWER_THAN_9 + list(MARKS) + list(ACCENTED))
+                   for _ in range(rng.randint(1, 5)))
+
+
 def _fragment(rng):
-    kind = rng.randrange(20)
+    kind = rng.randrange(22)
+    if kind >= 20:
+        return _normalization_fragment(rng)
     if kind == 0:
         return _chars(LATIN, rng, rng.randint(1, 12))
     if kind == 1:
@@ -270,8 +308,9 @@ def variants():
         _template(("<|begin_of_text|>", 50257))]}
     out["llama3-style"] = (None, s)
 
-    # Qwen2's pattern (without its NFC normalizer, which coalesce rejects).
+    # Qwen2's layout: NFC, Split with its pattern, ByteLevel.
     s = _repair_merges(_load("gpt2-tokenizer"))
+    s["normalizer"] = {"type": "NFC"}
     s["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
         {"type": "Split", "pattern": {"Regex": QWEN2_PATTERN}, "behavior": "Isolated",
          "invert": False},
@@ -286,6 +325,16 @@ def variants():
     s = _repair_merges(_load("gpt2-tokenizer"))
     s["pre_tokenizer"]["add_prefix_space"] = True
     out["gpt2-prefix-space"] = (None, s)
+
+    # The other Unicode normalizers, one inside a Sequence, with an added
+    # token that is normalized before matching ("ﬁx" is "fix" under NFKC).
+    for form in ("NFD", "NFKC", "NFKD"):
+        s = _repair_merges(_load("gpt2-tokenizer"))
+        s["normalizer"] = {"type": form}
+        if form == "NFKC":
+            s["normalizer"] = {"type": "Sequence", "normalizers": [s["normalizer"]]}
+            _add_tokens(s, [("\ufb01x", {"normalized": True})])
+        out[f"gpt2-{form.lower()}"] = (None, s)
 
     # Llama 2 as re-saved by newer transformers: Metaspace, prepend "first".
     s = _repair_merges(_load("tinyllama-tokenizer"))
@@ -499,3 +548,53 @@ def test_parity(name, corpus, tmp_path):
     assert all(0 <= i < vocab_size for o in ours_raw for i in o["with"] + o["without"])
     print(f"{name}: invalid UTF-8: {len(raw)} byte strings, {len(raw) - len(failures)} matched")
     assert not failures, f"{len(failures)} mismatches, first: " + "\n".join(failures[:20])
+
+
+# ---------------------------------------------------------------------------
+# Unicode normalizers over every code point
+# ---------------------------------------------------------------------------
+
+
+def _code_point_probes(chunk):
+    """Every scalar value, in lines of `chunk`: each alone, between U+0345 and
+    U+0334 (combining classes 240 and 1, so a character with any other class
+    is reordered against one of them) and as its own canonical decomposition
+    (which composes back unless the composition is excluded)."""
+    lines, line = [], []
+    for cp in range(0x110000):
+        if 0xD800 <= cp < 0xE000:
+            continue
+        c = chr(cp)
+        line.append(f"{c} \u0345{c}\u0334 {unicodedata.normalize('NFD', c)}|")
+        if len(line) == chunk:
+            lines.append("".join(line))
+            line = []
+    lines.append("".join(line))
+    return lines
+
+
+@pytest.mark.parametrize("form", ["NFC", "NFD", "NFKC", "NFKD"])
+def test_normalizer_every_code_point(form, tmp_path):
+    """The normalizer alone, on GPT-2's byte-level vocabulary: decoding gives
+    back the normalized text exactly, which must be HF's normalize_str. A
+    mismatch names the characters engine/hf_tokenizer_text.cc's kUnknownToHf
+    lacks (a utf8proc with a newer Unicode) or has too many."""
+    assert CLI and Path(CLI).is_file(), "COALESCE_TOKENIZE must name coalesce-tokenize"
+    assert MODELS.is_dir(), "COALESCE_MODELS_DIR must name the shared models folder"
+    s = _repair_merges(_load("gpt2-tokenizer"))
+    s["normalizer"] = {"type": form}
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(s, ensure_ascii=False), "utf-8")
+    lines = _code_point_probes(256)
+    _, ours = run_cli(path, lines, tmp_path)
+    normalizer = getattr(tokenizers.normalizers, form)()
+    failures = []
+    for line, o in zip(lines, ours):
+        want = normalizer.normalize_str(line)
+        if o["decoded"] != want:
+            got = o["decoded"].split("|")
+            failures += [f"{ascii(p)}: ours {ascii(g)} HF {ascii(w)}"
+                         for p, g, w in zip(line.split("|"), got, want.split("|")) if g != w][:3]
+    print(f"\n{form}: {sum(map(len, lines))} characters in {len(lines)} lines, "
+          f"{len(failures)} mismatches")
+    assert not failures, "\n".join(failures[:20])

@@ -7,6 +7,7 @@ and no call fails.
     /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/service/test_replicas_e2e.py
 """
 
+import json
 import signal
 import threading
 import time
@@ -14,6 +15,20 @@ import time
 import grpc
 
 from e2e_support import RPC_TIMEOUT, Client, Server, wait_for
+
+
+# The client configuration deploy/README.md recommends. GOAWAY stops new calls
+# to a draining replica, and gRPC retries a call the replica refused
+# transparently; but a call that reached the replica just as it began to
+# shut down, before any response, can still be cancelled by gRPC itself
+# (CANCELLED) or refused (UNAVAILABLE). No token was generated for such a
+# call, so a retry policy resends it to another replica; a stream that has
+# received a message is never retried.
+RETRY_SERVICE_CONFIG = json.dumps({"methodConfig": [{
+    "name": [{"service": "coalesce.v1.Generator"}],
+    "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.05s", "maxBackoff": "0.5s",
+                    "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"]},
+}]})
 
 
 def ok_count(client):
@@ -30,7 +45,10 @@ def test_round_robin_spreads_calls_and_a_drained_replica_fails_nothing(pb, golde
             c.bind(pb)
             clients.append(c)
         target = "ipv4:" + ",".join(s.address for s in servers)
-        channel = grpc.insecure_channel(target, options=[("grpc.lb_policy_name", "round_robin")])
+        channel = grpc.insecure_channel(target, options=[
+            ("grpc.lb_policy_name", "round_robin"),
+            ("grpc.enable_retries", 1),
+            ("grpc.service_config", RETRY_SERVICE_CONFIG)])
         grpc.channel_ready_future(channel).result(timeout=30)
         generate = channel.unary_stream(
             "/coalesce.v1.Generator/Generate",

@@ -1,0 +1,186 @@
+"""Writes the seed inputs of the Hugging Face fuzz targets (tools/fuzz.sh
+passes corpus/<target> to each): small valid model folders for hf_model_fuzz
+and small tokenizer.json files and texts for hf_tokenizer_fuzz, in the input
+formats those targets read. Without seeds the fuzzer would take hours to
+produce a safetensors header whose tensors tile the data and match
+config.json. Run from anywhere: python3 tests/fuzz/corpus/make_seeds.py
+"""
+
+import json
+import struct
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# ---------------------------------------------------------------------------
+# hf_model_fuzz: 2-byte little-endian config length, config.json, safetensors
+# ---------------------------------------------------------------------------
+
+SIZES = {"F32": 4, "F16": 2, "BF16": 2}
+
+
+def safetensors(tensors):
+    """tensors: [(name, dtype, shape)], data a counting pattern."""
+    header, data = {}, bytearray()
+    for i, (name, dtype, shape) in enumerate(tensors):
+        n = 1
+        for d in shape:
+            n *= d
+        begin = len(data)
+        if dtype == "F32":
+            data += struct.pack(f"<{n}f", *[(i + k % 7) / 8 for k in range(n)])
+        elif dtype == "F16":
+            data += struct.pack(f"<{n}e", *[(i + k % 7) / 8 for k in range(n)])
+        else:  # BF16: the top half of the float32
+            data += b"".join(struct.pack("<f", (i + k % 7) / 8)[2:] for k in range(n))
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [begin, len(data)]}
+    header["__metadata__"] = {"format": "pt"}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # as the safetensors crate pads it
+    return struct.pack("<Q", len(text)) + text + bytes(data)
+
+
+def model_tensors(config, dtypes, extra=()):
+    d, h = config["hidden_size"], config["intermediate_size"]
+    heads = config["num_attention_heads"]
+    kv = config.get("num_key_value_heads", heads) * (d // heads)
+    v = config["vocab_size"]
+    qkv_bias = config["architectures"] == ["Qwen2ForCausalLM"] or config.get("attention_bias")
+    o_bias = config.get("attention_bias")
+    out = [("model.embed_tokens.weight", [v, d]), ("model.norm.weight", [d])]
+    if not config.get("tie_word_embeddings"):
+        out.append(("lm_head.weight", [v, d]))
+    for l in range(config["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        out += [(p + "input_layernorm.weight", [d]), (p + "self_attn.q_proj.weight", [d, d]),
+                (p + "self_attn.k_proj.weight", [kv, d]), (p + "self_attn.v_proj.weight", [kv, d]),
+                (p + "self_attn.o_proj.weight", [d, d]),
+                (p + "post_attention_layernorm.weight", [d]),
+                (p + "mlp.gate_proj.weight", [h, d]), (p + "mlp.up_proj.weight", [h, d]),
+                (p + "mlp.down_proj.weight", [d, h])]
+        if qkv_bias:
+            out += [(p + "self_attn.q_proj.bias", [d]), (p + "self_attn.k_proj.bias", [kv]),
+                    (p + "self_attn.v_proj.bias", [kv])]
+        if o_bias:
+            out.append((p + "self_attn.o_proj.bias", [d]))
+    out += list(extra)
+    return [(name, dtypes[i % len(dtypes)], shape) for i, (name, shape) in enumerate(out)]
+
+
+def model_seed(config, dtypes, extra=()):
+    text = json.dumps(config, separators=(",", ":")).encode()
+    return struct.pack("<H", len(text)) + text + safetensors(model_tensors(config, dtypes, extra))
+
+
+BASE = {"hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 4,
+        "max_position_embeddings": 16}
+MODELS = {
+    "llama-tied-f32": model_seed(
+        {"architectures": ["LlamaForCausalLM"], **BASE, "tie_word_embeddings": True,
+         "bos_token_id": 1, "eos_token_id": [2, 3]}, ["F32"]),
+    "llama-bias-llama3-rope-f16": model_seed(
+        {"architectures": ["LlamaForCausalLM"], **BASE, "attention_bias": True,
+         "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8}},
+        ["F16", "F32"], [("model.layers.0.self_attn.rotary_emb.inv_freq", [2])]),
+    "qwen2-bf16": model_seed(
+        {"architectures": ["Qwen2ForCausalLM"], **BASE, "num_hidden_layers": 2,
+         "use_sliding_window": False, "sliding_window": 8, "rope_theta": 1000000.0},
+        ["BF16", "F32", "F16"]),
+    "mistral-window": model_seed(
+        {"architectures": ["MistralForCausalLM"], **BASE, "num_key_value_heads": 2,
+         "sliding_window": 8, "hidden_act": "silu", "rms_norm_eps": 1e-5}, ["BF16"]),
+}
+
+# ---------------------------------------------------------------------------
+# hf_tokenizer_fuzz: 0x00, tokenizer.json, NUL, text; or 0x01, text
+# ---------------------------------------------------------------------------
+
+
+def added(i, content, **flags):
+    token = {"id": i, "content": content, "single_word": False, "lstrip": False,
+             "rstrip": False, "normalized": False, "special": False}
+    token.update(flags)
+    return token
+
+
+SENTENCEPIECE = {
+    "version": "1.0", "truncation": None, "padding": None,
+    "added_tokens": [added(0, "<unk>", special=True), added(1, "<s>", special=True),
+                     added(2, "</s>", special=True), added(11, "[INST]", lstrip=True, rstrip=True)],
+    "normalizer": {"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": "\u2581"},
+        {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+    "pre_tokenizer": None,
+    "post_processor": {"type": "TemplateProcessing",
+                       "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                  {"Sequence": {"id": "A", "type_id": 0}}],
+                       "pair": [],
+                       "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+    "decoder": {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteFallback"}, {"type": "Fuse"},
+        {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+    "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "fuse_unk": True,
+              "byte_fallback": True,
+              "vocab": {"<unk>": 0, "<s>": 1, "</s>": 2, "<0xC3>": 3, "<0xA9>": 4,
+                        "\u2581": 5, "a": 6, "b": 7, "\u2581a": 8, "ab": 9, "\u2581ab": 10},
+              "merges": ["\u2581 a", "a b", "\u2581a b"]},
+}
+
+BYTE_LEVEL = {
+    "version": "1.0", "truncation": None, "padding": None,
+    "added_tokens": [added(6, "<|endoftext|>", special=True),
+                     added(7, "fix", normalized=True, single_word=True)],
+    "normalizer": {"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "NFC"}]},
+    "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "(?i:'s|'t)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}|"
+                                               " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s+(?!\\S)|\\s+"},
+         "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+         "use_regex": False}]},
+    "post_processor": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                       "use_regex": False},
+    "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                "use_regex": False},
+    "model": {"type": "BPE", "dropout": None, "unk_token": None, "ignore_merges": True,
+              "vocab": {"a": 0, "b": 1, "ab": 2, "\u0120": 3, "\u0120a": 4, "\u0120ab": 5},
+              "merges": [["a", "b"], ["\u0120", "a"], ["\u0120a", "b"]]},
+}
+
+METASPACE = {
+    "version": "1.0", "truncation": None, "padding": None,
+    "added_tokens": [added(0, "<unk>", special=True), added(6, "<mask>", special=True,
+                                                           single_word=True)],
+    "normalizer": {"type": "NFD"},
+    "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first",
+                      "split": True},
+    "post_processor": None,
+    "decoder": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first",
+                "split": True},
+    "model": {"type": "BPE", "unk_token": "<unk>", "fuse_unk": False,
+              "continuing_subword_prefix": None, "end_of_word_suffix": None,
+              "vocab": {"<unk>": 0, "\u2581": 1, "a": 2, "\u2581a": 3, "e": 4, "\u0301": 5},
+              "merges": ["\u2581 a"]},
+}
+
+TEXT = "Hello w\u00f6rld <s> [INST] ab\u00e9 e\u0301 \uac00\u1100\u1161 \ufb01x 12 \U0001f600\n\t"
+TOKENIZERS = {
+    "sentencepiece": b"\x00" + json.dumps(SENTENCEPIECE).encode() + b"\x00" + TEXT.encode(),
+    "byte-level-nfkc": b"\x00" + json.dumps(BYTE_LEVEL).encode() + b"\x00" + TEXT.encode(),
+    "metaspace-nfd": b"\x00" + json.dumps(METASPACE).encode() + b"\x00" + TEXT.encode(),
+    "text": b"\x01" + TEXT.encode(),
+    "text-code": b"\x01def f(x):\n    return x + 1  # caf\xc3\xa9 \xe2\x80\x94 <|endoftext|></s>",
+}
+
+
+def main():
+    for target, seeds in (("hf_model_fuzz", MODELS), ("hf_tokenizer_fuzz", TOKENIZERS)):
+        (HERE / target).mkdir(exist_ok=True)
+        for name, data in seeds.items():
+            (HERE / target / name).write_bytes(data)
+
+
+if __name__ == "__main__":
+    main()
