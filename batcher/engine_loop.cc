@@ -51,7 +51,7 @@ EngineLoop::EngineLoop(engine::Backend* backend, const engine::Tokenizer* tokeni
       observer_(observer),
       block_size_(backend->kv_cache().block_size),
       total_blocks_(backend->kv_cache().num_blocks),
-      kv_bytes_per_token_(engine::KvBlockBytes(backend->config(), 1)),
+      kv_bytes_per_token_(backend->kv_bytes_per_token()),
       blocks_(backend->kv_cache().num_blocks) {}
 
 EngineLoop::~EngineLoop() { Stop(); }
@@ -75,6 +75,10 @@ absl::StatusOr<uint64_t> EngineLoop::Submit(GenerationRequest request,
   }
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the server is shutting down");
+  if (!device_lost_.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "the server's device failed and it is shutting down (", device_lost_.message(), ")"));
+  }
   const int waiting = published_.waiting + static_cast<int>(inbox_.size());
   if (waiting >= options_.max_queue) {
     if (observer_ != nullptr) observer_->OnRejected("queue_full");
@@ -154,12 +158,14 @@ bool EngineLoop::Tick() {
   std::vector<std::unique_ptr<Sequence>> arrivals;
   std::vector<std::pair<uint64_t, absl::Status>> cancels;
   bool stopping;
+  absl::Status device_lost;
   {
     absl::MutexLock lock(&mu_);
     if (stopped_) return false;
     arrivals.swap(inbox_);
     cancels.swap(cancels_);
     stopping = stopping_;
+    device_lost = device_lost_;
   }
   for (auto& seq : arrivals) waiting_.push_back(std::move(seq));
   ApplyCancels(std::move(cancels));
@@ -168,6 +174,13 @@ bool EngineLoop::Tick() {
     absl::MutexLock lock(&mu_);
     stopped_ = true;
     return false;
+  }
+  if (!device_lost.ok()) {
+    // Nothing can run any more: requests submitted just before the loss
+    // end at once instead of failing a step each.
+    EndAllDeviceLost(device_lost);
+    PublishQueueStats();
+    return true;
   }
   Iterate(clock_->Now());
   return true;
@@ -330,38 +343,58 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
     // Attention reads K and V of every position up to the chunk's last.
     stats.bytes_read += (seq.num_cached + chunk.num_tokens) * kv_bytes_per_token_;
   }
-  stats.bytes_read += options_.weight_bytes;
+  stats.bytes_read += backend_->weight_bytes();
   stats.num_seqs = static_cast<int>(plan.chunks.size());
   stats.prefill_tokens = plan.prefill_tokens;
   stats.decode_tokens = plan.decode_tokens;
   if (plan.chunks.empty()) return;
 
-  // 5. Run the step.
-  const int vocab = backend_->config().vocab_size;
-  logits_.resize(static_cast<size_t>(stats.num_seqs) * vocab);
+  // 5. Run the step. A sequence whose tokens will all be cached after it
+  // samples its next token; one that is only part-way through its prompt
+  // takes a greedy placeholder and draws nothing from its Rng.
+  step_sampling_.clear();
+  for (size_t i = 0; i < step_owner_.size(); ++i) {
+    Sequence& seq = *step_owner_[i];
+    engine::SampleSpec spec;
+    if (seq.pending() == step_seqs_[i].num_tokens) {
+      spec.params = seq.request.sampling;
+      if (spec.params.temperature > 0.0f) spec.uniform = seq.rng.NextFloat();
+    }
+    step_sampling_.push_back(spec);
+  }
+  step_next_.resize(step_owner_.size());
   const absl::Time start = absl::Now();
-  const absl::Status status = backend_->Step({step_tokens_, step_seqs_}, std::span<float>(logits_));
+  const absl::Status status = backend_->StepAndSample({step_tokens_, step_seqs_}, step_sampling_,
+                                                      std::span<int32_t>(step_next_));
   stats.duration = absl::Now() - start;
   if (!status.ok()) {
-    Log(LogLevel::kError, absl::StrCat("engine step failed: ", status.ToString()));
+    const bool device_lost = status.code() == engine::kDeviceLostCode;
+    Log(LogLevel::kError, absl::StrCat("engine step failed", device_lost ? " (device lost)" : "",
+                                       ": ", status.ToString()));
     for (Sequence* seq : step_owner_) {
       FinishWithError(*seq,
                       absl::InternalError(absl::StrCat("engine step failed: ", status.message())));
     }
     std::erase_if(running_, [](const auto& seq) { return seq->done; });
+    if (device_lost) {
+      {
+        absl::MutexLock lock(&mu_);
+        device_lost_ = status;
+      }
+      EndAllDeviceLost(status);
+    }
+    // Every request the failure touched has its final update by now.
+    if (observer_ != nullptr) observer_->OnEngineFailure(status, device_lost);
     return;
   }
 
-  // Sequences whose tokens are now all cached sample their next token.
   const absl::Time now = clock_->Now();
   for (size_t i = 0; i < step_owner_.size(); ++i) {
     Sequence& seq = *step_owner_[i];
     seq.num_cached += step_seqs_[i].num_tokens;
     if (seq.pending() > 0) continue;  // a prompt chunk; more follow
-    const int32_t token = engine::Sample(std::span<const float>(logits_).subspan(i * vocab, vocab),
-                                         seq.request.sampling, seq.rng);
     ++stats.generated_tokens;
-    Emit(seq, token, now);
+    Emit(seq, step_next_[i], now);
   }
   if (observer_ != nullptr) observer_->OnStep(stats);
   std::erase_if(running_, [](const auto& seq) { return seq->done; });
@@ -441,6 +474,28 @@ void EngineLoop::EndAllCancelled() {
   waiting_.clear();
   running_.clear();
   PublishQueueStats();
+}
+
+void EngineLoop::EndAllDeviceLost(const absl::Status& cause) {
+  // A request that ran had its stream cut short: INTERNAL. One that never
+  // ran (and so streamed nothing) may safely be retried on another replica:
+  // UNAVAILABLE, the code gRPC clients retry.
+  for (auto& seq : running_) {
+    FinishWithError(
+        *seq, absl::InternalError(absl::StrCat("the server's device failed: ", cause.message())));
+  }
+  for (auto& seq : waiting_) {
+    if (seq->preempted) {
+      FinishWithError(
+          *seq, absl::InternalError(absl::StrCat("the server's device failed: ", cause.message())));
+    } else {
+      FinishWithError(*seq, absl::UnavailableError(
+                                absl::StrCat("the server's device failed before this request ran (",
+                                             cause.message(), "); retry on another replica")));
+    }
+  }
+  running_.clear();
+  waiting_.clear();
 }
 
 void EngineLoop::PublishQueueStats() {

@@ -15,6 +15,13 @@
 //      if it finished.
 // So no request waits for the longest one in its batch, new requests join at
 // every step boundary, and a long prompt cannot stall the others' tokens.
+//
+// A failed step ends the requests of that step with INTERNAL and the loop
+// goes on. A step that fails with engine::kDeviceLostCode means no step can
+// ever run again: the loop then also ends every other request (INTERNAL for
+// those that ran, UNAVAILABLE for those that never did, which a client may
+// retry elsewhere), refuses new ones with UNAVAILABLE, and tells the
+// observer, whose owner is expected to shut the server down.
 #pragma once
 
 #include <cstdint>
@@ -47,8 +54,6 @@ struct EngineLoopOptions {
   // Waiting requests (never admitted, or preempted) at most; Submit refuses
   // more with RESOURCE_EXHAUSTED.
   int max_queue = 1024;
-  // Bytes of weights one step reads (for the bandwidth metric).
-  int64_t weight_bytes = 0;
   // Log one line per step at debug level: tokens, admissions, departures,
   // preemptions, and why waiting requests were not admitted.
   bool log_steps = false;
@@ -81,8 +86,8 @@ class EngineLoop {
   // Queues a request. On success the loop owns it and will Deliver a final
   // update to `sink` exactly once; the returned id names it for Cancel. On
   // error nothing was queued and `sink` is never called: UNAVAILABLE after
-  // Stop; RESOURCE_EXHAUSTED when the queue is full or the request could
-  // never fit the KV cache.
+  // Stop or once the device is lost; RESOURCE_EXHAUSTED when the queue is
+  // full or the request could never fit the KV cache.
   absl::StatusOr<uint64_t> Submit(GenerationRequest request, std::shared_ptr<OutputSink> sink);
 
   // Ends the request within one step with `status` (e.g. CANCELLED): its
@@ -119,6 +124,9 @@ class EngineLoop {
   void FinishWithError(Sequence& seq, absl::Status status);
   // Ends every waiting and running sequence with finish_reason cancelled.
   void EndAllCancelled();
+  // After a device loss: ends every waiting and running sequence with an
+  // error naming `cause` (see the top of this file).
+  void EndAllDeviceLost(const absl::Status& cause);
   void PublishQueueStats();
 
   engine::Backend* const backend_;
@@ -135,6 +143,9 @@ class EngineLoop {
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  // The step error that lost the device; OK while the device works. Set
+  // once, by the loop thread.
+  absl::Status device_lost_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::vector<std::unique_ptr<Sequence>> inbox_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<uint64_t, absl::Status>> cancels_ ABSL_GUARDED_BY(mu_);
@@ -150,11 +161,12 @@ class EngineLoop {
   HoldReason last_hold_ = HoldReason::kNone;        // of the last decision, taken at...
   absl::Time last_decision_at_;                     // ...this time
   // Step buffers, reused.
-  std::vector<RunningSequence> plan_input_;      // [num_running]
-  std::vector<int32_t> step_tokens_;             // [total_tokens]
-  std::vector<engine::SequenceStep> step_seqs_;  // [num_chunks]
-  std::vector<Sequence*> step_owner_;            // [num_chunks]
-  std::vector<float> logits_;                    // [num_chunks, vocab]
+  std::vector<RunningSequence> plan_input_;        // [num_running]
+  std::vector<int32_t> step_tokens_;               // [total_tokens]
+  std::vector<engine::SequenceStep> step_seqs_;    // [num_chunks]
+  std::vector<Sequence*> step_owner_;              // [num_chunks]
+  std::vector<engine::SampleSpec> step_sampling_;  // [num_chunks]
+  std::vector<int32_t> step_next_;                 // [num_chunks] sampled tokens
 };
 
 }  // namespace coalesce::batcher

@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 
 namespace coalesce::batcher {
@@ -53,6 +54,52 @@ class LoopObserver {
   virtual void OnRejected(std::string_view reason) {}
   // A running sequence gave back its KV blocks, to be recomputed later.
   virtual void OnPreempted() {}
+  // A Backend step failed with `status`; the requests of that step have
+  // already ended with INTERNAL. `device_lost` when the code is
+  // engine::kDeviceLostCode: the device is unusable for good, and the loop has
+  // also ended every other request and refuses new ones (EngineLoop says how).
+  // Called once per failed step.
+  virtual void OnEngineFailure(const absl::Status& status, bool device_lost) {}
+};
+
+// Passes every call on to `next` (which may be null). Subclass it to act on
+// some callbacks while another observer (the metrics) still gets them all.
+class ForwardingObserver : public LoopObserver {
+ public:
+  explicit ForwardingObserver(LoopObserver* next) : next_(next) {}
+  void OnStep(const StepStats& stats) override {
+    if (next_ != nullptr) next_->OnStep(stats);
+  }
+  void OnQueue(const QueueStats& stats) override {
+    if (next_ != nullptr) next_->OnQueue(stats);
+  }
+  void OnAdmitted(absl::Duration queue_wait, absl::Duration window_wait) override {
+    if (next_ != nullptr) next_->OnAdmitted(queue_wait, window_wait);
+  }
+  void OnAdmission(int requests) override {
+    if (next_ != nullptr) next_->OnAdmission(requests);
+  }
+  void OnFirstToken(absl::Duration time_to_first_token) override {
+    if (next_ != nullptr) next_->OnFirstToken(time_to_first_token);
+  }
+  void OnInterToken(absl::Duration gap) override {
+    if (next_ != nullptr) next_->OnInterToken(gap);
+  }
+  void OnFinished(const RequestSummary& summary) override {
+    if (next_ != nullptr) next_->OnFinished(summary);
+  }
+  void OnRejected(std::string_view reason) override {
+    if (next_ != nullptr) next_->OnRejected(reason);
+  }
+  void OnPreempted() override {
+    if (next_ != nullptr) next_->OnPreempted();
+  }
+  void OnEngineFailure(const absl::Status& status, bool device_lost) override {
+    if (next_ != nullptr) next_->OnEngineFailure(status, device_lost);
+  }
+
+ private:
+  LoopObserver* const next_;
 };
 
 }  // namespace coalesce::batcher

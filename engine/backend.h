@@ -7,10 +7,13 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "engine/model.h"
+#include "engine/sampler.h"
 
 namespace coalesce::engine {
 
@@ -23,6 +26,12 @@ struct KvCacheConfig {
 
 // Bytes one KV block takes for `config` (K and V, all layers, float32).
 int64_t KvBlockBytes(const ModelConfig& config, int block_size);
+
+// Checks a model's shape (positive sizes, heads dividing the width, an even
+// head size, a context of at most 2^20) and, when check_weights, that every
+// weight span has the size the shape implies, so that a mismatched loader
+// fails at start-up instead of reading out of bounds in a step.
+absl::Status ValidateModel(const Model& model, bool check_weights);
 
 // One sequence's share of a step.
 struct SequenceStep {
@@ -39,6 +48,29 @@ struct StepBatch {
   std::span<const SequenceStep> seqs;  // [num_seqs]; sum of num_tokens == total_tokens
 };
 
+// How one sequence of a step picks its next token (Backend::StepAndSample).
+struct SampleSpec {
+  SamplingParams params;
+  // The draw in [0, 1) from the request's own Rng (engine/sampler.h); unused
+  // when params is greedy. Drawn on the host, so a seeded request gets the
+  // same stream of draws on every backend and in every batch.
+  float uniform = 0.0f;
+};
+
+// A Step error with this code means the device can no longer be used (a
+// sticky CUDA error, say): every later step would fail too, so the server
+// should report itself unhealthy and exit. Any other code fails only the
+// requests of that step.
+inline constexpr absl::StatusCode kDeviceLostCode = absl::StatusCode::kUnavailable;
+
+// Checks a step before a backend runs it: token ids within the vocabulary,
+// positions within the context, block tables that cover every position with
+// block ids in range, and no block written by two sequences (a shared block
+// that only one writes, a shared prefix, is fine). `block_owner` is scratch
+// that the call sizes to num_blocks and leaves all -1.
+absl::Status ValidateStep(const ModelConfig& config, const KvCacheConfig& kv,
+                          const StepBatch& batch, std::vector<int32_t>& block_owner);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -50,9 +82,27 @@ class Backend {
   // about the KV contents of the sequences in the batch.
   virtual absl::Status Step(const StepBatch& batch, std::span<float> logits) = 0;
 
+  // Runs Step and picks each sequence's next token: tokens[i] follows
+  // batch.seqs[i], sampled as sampling[i] says. The default samples the
+  // logits on the host (SampleWithUniform); the CUDA backend samples on the
+  // device, so that only token ids cross to the host.
+  virtual absl::Status StepAndSample(const StepBatch& batch, std::span<const SampleSpec> sampling,
+                                     std::span<int32_t> tokens);
+
+  // Bytes of weights one step reads (the model's parameters at the precision
+  // the backend holds them in) and bytes one token position takes in the KV
+  // cache (all layers, K and V): the floor of what a step must move.
+  virtual int64_t weight_bytes() const;
+  virtual int64_t kv_bytes_per_token() const;
+
   virtual const ModelConfig& config() const = 0;
   virtual const KvCacheConfig& kv_cache() const = 0;
   virtual std::string_view name() const = 0;  // "cpu", "cuda"
+  // One line for the start-up log: the device, the precision, the KV cache.
+  virtual std::string Describe() const { return std::string(name()); }
+
+ private:
+  std::vector<float> logits_;  // the default StepAndSample's [num_seqs, vocab]
 };
 
 }  // namespace coalesce::engine

@@ -109,7 +109,12 @@ float Rng::NextFloat() {
   return static_cast<float>(NextU64() >> 40) * 0x1.0p-24f;
 }
 
-int32_t Sample(std::span<const float> logits, const SamplingParams& params, Rng& rng) {
+namespace {
+
+// The sampler proper; draw() is called at most once, and only when the token
+// is random.
+template <typename Draw>
+int32_t SampleImpl(std::span<const float> logits, const SamplingParams& params, Draw draw) {
   const int n = static_cast<int>(logits.size());
   if (n == 0) return 0;
   const int32_t argmax = Argmax(logits);
@@ -125,7 +130,7 @@ int32_t Sample(std::span<const float> logits, const SamplingParams& params, Rng&
   const bool use_top_p = params.top_p < 1.0f;
   if (top_k == n && !use_top_p) {
     // No restriction: walk the vocabulary in id order.
-    const double r = rng.NextFloat() * sum;
+    const double r = draw() * sum;
     double cumulative = 0.0;
     int32_t last_positive = argmax;
     for (int i = 0; i < n; ++i) {
@@ -174,13 +179,24 @@ int32_t Sample(std::span<const float> logits, const SamplingParams& params, Rng&
     for (size_t i = 0; i < keep; ++i) kept_mass += cand[i].p;
   }
   // Draw within cand[0, keep), in the (deterministic) order selection left.
-  const double r = rng.NextFloat() * kept_mass;
+  const double r = draw() * kept_mass;
   double cumulative = 0.0;
   for (size_t i = 0; i < keep; ++i) {
     cumulative += cand[i].p;
     if (r < cumulative) return cand[i].id;
   }
   return cand[keep - 1].id;
+}
+
+}  // namespace
+
+int32_t Sample(std::span<const float> logits, const SamplingParams& params, Rng& rng) {
+  return SampleImpl(logits, params, [&rng] { return rng.NextFloat(); });
+}
+
+int32_t SampleWithUniform(std::span<const float> logits, const SamplingParams& params,
+                          float uniform) {
+  return SampleImpl(logits, params, [uniform] { return uniform; });
 }
 
 }  // namespace coalesce::engine

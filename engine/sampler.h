@@ -32,4 +32,10 @@ class Rng {
 // draws nothing from `rng`.
 int32_t Sample(std::span<const float> logits, const SamplingParams& params, Rng& rng);
 
+// Sample with the draw made beforehand: `uniform` in [0, 1) stands for
+// rng.NextFloat(). Sample(logits, p, rng) equals SampleWithUniform(logits, p,
+// rng.NextFloat()) whenever p.temperature > 0 and the logits are finite.
+int32_t SampleWithUniform(std::span<const float> logits, const SamplingParams& params,
+                          float uniform);
+
 }  // namespace coalesce::engine

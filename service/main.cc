@@ -1,7 +1,7 @@
 // coalesce-server: serves one model over gRPC, coalescing concurrent requests
 // into shared batches. Flags are read here, once, into ServerOptions.
+#include <pthread.h>
 #include <signal.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <climits>
@@ -14,17 +14,20 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
-#include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/memory_bandwidth.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "service/backend_factory.h"
 #include "service/generator_service.h"
 #include "service/model_loader.h"
 #include "service/server_options.h"
+#include "service/shutdown.h"
 
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address the gRPC server listens on.");
 ABSL_FLAG(int, port, 50051, "gRPC port. 0 picks a free port (logged at start-up).");
@@ -59,12 +62,25 @@ ABSL_FLAG(absl::Duration, max_queue_wait, absl::Seconds(60),
 ABSL_FLAG(absl::Duration, priority_aging, absl::Seconds(10),
           "Every this long a request waits, its priority rises by one, so low-priority "
           "requests are not starved. 0 turns aging off.");
-ABSL_FLAG(int, threads, 0, "Engine compute threads. 0: one per core.");
+ABSL_FLAG(int, threads, 0, "Engine compute threads (CPU backend). 0: one per core.");
+ABSL_FLAG(std::string, device, "auto",
+          "Where the model runs: cuda (a start-up error without a usable CUDA device), "
+          "cpu, or auto (the GPU when one is usable, else the CPU, logging why).");
+ABSL_FLAG(std::string, dtype, "auto",
+          "Precision of the weights and the KV cache: bf16, fp16 or fp32 on CUDA; only "
+          "fp32 on the CPU. auto: bf16 on CUDA, fp32 on the CPU.");
+ABSL_FLAG(bool, cuda_graphs, true,
+          "CUDA: replay decode steps from CUDA graphs captured once per batch-size bucket.");
 ABSL_FLAG(int, kv_block_size, 16, "Token positions per KV-cache block.");
 ABSL_FLAG(std::string, kv_cache_memory, "auto",
-          "KV-cache size: a size (512MiB, 2GB), a fraction of physical memory "
-          "(0.25), or auto (max_batch_size full-context sequences, at most a "
-          "quarter of physical memory).");
+          "KV-cache size. CPU: a size (512MiB, 2GB), a fraction of physical memory "
+          "(0.25), or auto (max_batch_size full-context sequences, at most a quarter "
+          "of physical memory). CUDA: a size, a fraction of the device memory free "
+          "after weights and activations, or auto (0.9 of it).");
+ABSL_FLAG(std::string, fault_injection, "",
+          "TESTING ONLY, never in production: device_lost_after_steps:N makes every "
+          "engine step after the first N fail as a lost GPU does, to test the "
+          "device-loss path (NOT_SERVING, exit code 3) without a GPU.");
 ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(30),
           "On SIGTERM/SIGINT, how long running streams may take to finish before "
           "they are cancelled.");
@@ -125,11 +141,23 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError("--max_queue_wait must be positive");
   }
   o.threads = absl::GetFlag(FLAGS_threads);
+  absl::StatusOr<service::Device> device = service::ParseDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return device.status();
+  o.device = *device;
+  absl::StatusOr<std::optional<engine::Precision>> precision =
+      service::ParseDtype(absl::GetFlag(FLAGS_dtype));
+  if (!precision.ok()) return precision.status();
+  o.precision = *precision;
+  o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  absl::StatusOr<int> fault = service::ParseFaultInjection(absl::GetFlag(FLAGS_fault_injection));
+  if (!fault.ok()) return fault.status();
+  o.fault_device_lost_after_steps = *fault;
   o.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
   if (o.kv_block_size < 1 || o.kv_block_size > 1024) {
     return absl::InvalidArgumentError("--kv_block_size must be in [1, 1024]");
   }
   o.kv_cache_memory = absl::GetFlag(FLAGS_kv_cache_memory);
+  if (absl::Status s = service::ParseKvCacheMemory(o.kv_cache_memory).status(); !s.ok()) return s;
   o.grace_period = absl::GetFlag(FLAGS_grace_period);
   o.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
   o.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
@@ -151,8 +179,14 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   return o;
 }
 
-int64_t PhysicalMemoryBytes() {
-  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+// The signals that start a drain. Blocked in every thread (see main); one
+// thread of Serve's takes them with sigwait.
+sigset_t ShutdownSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  return signals;
 }
 
 int Serve(const ServerOptions& options) {
@@ -177,39 +211,23 @@ int Serve(const ServerOptions& options) {
         "Pass --model=FILE to serve a real model.");
   }
 
-  // 2. The KV cache and the backend.
-  absl::StatusOr<service::KvCacheMemory> kv_memory =
-      service::ParseKvCacheMemory(options.kv_cache_memory);
-  if (!kv_memory.ok()) {
-    Log(LogLevel::kError, std::string(kv_memory.status().message()));
-    return 2;
-  }
-  const int64_t block_bytes = engine::KvBlockBytes(config, options.kv_block_size);
-  const int64_t context_blocks =
-      (config.max_seq_len + options.kv_block_size - 1) / options.kv_block_size;
-  const int64_t num_blocks =
-      service::KvCacheBlocks(*kv_memory, block_bytes, context_blocks,
-                             options.scheduler.max_batch_size, PhysicalMemoryBytes());
-  if (num_blocks < 1 || num_blocks > (int64_t{1} << 31) - 1) {
-    Log(LogLevel::kError,
-        absl::StrCat("--kv_cache_memory=", options.kv_cache_memory, " gives ", num_blocks,
-                     " KV blocks of ", block_bytes, " bytes; need at least one"));
-    return 2;
-  }
-  engine::CpuBackendOptions backend_options;
-  backend_options.kv_cache = {options.kv_block_size, static_cast<int>(num_blocks)};
-  backend_options.threads = options.threads;
+  // 2. The backend (--device, --dtype) and its KV cache.
   absl::StatusOr<std::unique_ptr<engine::Backend>> backend =
-      engine::CreateCpuBackend(loaded->model, backend_options);
+      service::CreateBackend(options, loaded->model);
   if (!backend.ok()) {
-    Log(LogLevel::kError, absl::StrCat("cannot start the engine: ", backend.status().message()));
-    return 1;
+    Log(LogLevel::kError, std::string(backend.status().message()));
+    return backend.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
+  const engine::KvCacheConfig& kv = (*backend)->kv_cache();
+  const int64_t context_blocks = (config.max_seq_len + kv.block_size - 1) / kv.block_size;
+  LogF(LogLevel::kInfo, "backend: %s", (*backend)->Describe());
   LogF(LogLevel::kInfo,
        "KV cache: %d blocks of %d tokens (%.1f MiB): %d tokens, %.1f full-context "
        "sequences",
-       num_blocks, options.kv_block_size, num_blocks * block_bytes / 1048576.0,
-       num_blocks * options.kv_block_size, static_cast<double>(num_blocks) / context_blocks);
+       kv.num_blocks, kv.block_size,
+       static_cast<double>(kv.num_blocks) * kv.block_size * (*backend)->kv_bytes_per_token() /
+           1048576.0,
+       int64_t{kv.num_blocks} * kv.block_size, static_cast<double>(kv.num_blocks) / context_blocks);
 
   // 3. Metrics, the engine loop and the service.
   auto registry = std::make_shared<prometheus::Registry>();
@@ -220,13 +238,20 @@ int Serve(const ServerOptions& options) {
   info.backend = std::string((*backend)->name());
   info.synthetic = config.synthetic;
   info.parameters = config.num_parameters();
-  info.memory_bandwidth = engine::MeasureMemoryReadBandwidth(
-      options.threads > 0 ? options.threads
-                          : static_cast<int>(std::thread::hardware_concurrency()));
-  LogF(LogLevel::kInfo,
-       "memory read bandwidth: %.1f GB/s (measured); one decode step reads at "
-       "least %.1f MB of weights",
-       info.memory_bandwidth / 1e9, config.num_parameters() * 4 / 1e6);
+  if ((*backend)->name() == "cpu") {
+    info.memory_bandwidth = engine::MeasureMemoryReadBandwidth(
+        options.threads > 0 ? options.threads
+                            : static_cast<int>(std::thread::hardware_concurrency()));
+    LogF(LogLevel::kInfo,
+         "memory read bandwidth: %.1f GB/s (measured); one decode step reads at "
+         "least %.1f MB of weights",
+         info.memory_bandwidth / 1e9, (*backend)->weight_bytes() / 1e6);
+  } else {
+    // Host memory bandwidth says nothing about a GPU's; left unmeasured (0),
+    // the bandwidth utilisation metric stays unset.
+    LogF(LogLevel::kInfo, "one decode step reads at least %.1f MB of weights",
+         (*backend)->weight_bytes() / 1e6);
+  }
   metrics::ServerMetrics server_metrics(registry, info);
   std::unique_ptr<metrics::MetricsEndpoint> metrics_endpoint;
   if (options.metrics_port >= 0) {
@@ -244,10 +269,12 @@ int Serve(const ServerOptions& options) {
   loop_options.max_batch_tokens = options.max_batch_tokens;
   loop_options.max_queue = options.max_queue;
   loop_options.log_steps = options.log_steps;
-  // The CPU engine holds every weight as float32.
-  loop_options.weight_bytes = config.num_parameters() * int64_t{sizeof(float)};
+  // The metrics see every loop event; a step that loses the device also
+  // triggers the shutdown below.
+  service::ShutdownTrigger shutdown;
+  service::DeviceLossWatcher watcher(&server_metrics, &shutdown);
   batcher::EngineLoop loop(backend->get(), loaded->tokenizer.get(), loop_options, RealClock(),
-                           &server_metrics);
+                           &watcher);
   loop.Start();
   service::GeneratorService service(&loop, loaded->tokenizer.get(), backend->get(),
                                     options.scheduler.max_batch_size, &server_metrics);
@@ -289,26 +316,41 @@ int Serve(const ServerOptions& options) {
        absl::FormatDuration(options.scheduler.batch_window),
        options.scheduler.mode == batcher::BatchingMode::kStatic ? "static" : "continuous");
 
-  // 4. Wait for SIGINT/SIGTERM (blocked in every thread; see main), then drain:
+  // 4. Wait for a reason to stop: SIGINT/SIGTERM (taken by a thread of its
+  //    own) or a lost device (the watcher, on the engine thread). Then drain:
   //    NOT_SERVING on health, refuse new streams, let running ones finish
-  //    within the grace period, then cancel what is left.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
-  LogF(LogLevel::kInfo, "%s: draining for at most %s", strsignal(signal_number),
-       absl::FormatDuration(options.grace_period));
+  //    within the grace period (after a lost device the loop has already
+  //    failed them all, so a short drain only sends their final status),
+  //    then cancel what is left.
+  std::thread signal_thread([&shutdown] {
+    const sigset_t signals = ShutdownSignals();
+    int signal_number = 0;
+    sigwait(&signals, &signal_number);
+    shutdown.Request(0, strsignal(signal_number));
+  });
+  const service::ShutdownReason reason = shutdown.Wait();
+  const bool device_lost = reason.exit_code != 0;
+  const absl::Duration drain = device_lost
+                                   ? std::min(options.grace_period, service::kDeviceLostDrain)
+                                   : options.grace_period;
+  LogF(device_lost ? LogLevel::kError : LogLevel::kInfo, "%s: draining for at most %s", reason.why,
+       absl::FormatDuration(drain));
   // Shutdown sends GOAWAY at once: clients stop sending new calls here (a
   // call already on its way is refused in a way gRPC clients retry on another
   // replica, transparently), while the streams already running go on.
   server->GetHealthCheckService()->SetServingStatus(false);
-  server->Shutdown(absl::ToChronoTime(absl::Now() + options.grace_period));
+  server->Shutdown(absl::ToChronoTime(absl::Now() + drain));
   loop.Stop();
   server->Wait();
-  Log(LogLevel::kInfo, "stopped");
-  return 0;
+  // After a lost device the signal thread still waits: wake it to end it.
+  if (device_lost) pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+  if (device_lost) {
+    LogF(LogLevel::kError, "stopped after a lost device: exit code %d", reason.exit_code);
+  } else {
+    Log(LogLevel::kInfo, "stopped");
+  }
+  return reason.exit_code;
 }
 
 }  // namespace
@@ -318,6 +360,14 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Serves a Llama-family model over gRPC, coalescing concurrent requests into "
       "shared batches.\nUsage: coalesce-server [--model=FILE|synthetic:NAME] [flags]");
+  // --help lists the flags of this file (Abseil's default looks for a file
+  // named after the binary, and would list none).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "service/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   absl::StatusOr<coalesce::service::ServerOptions> options = coalesce::OptionsFromFlags();
   if (!options.ok()) {
@@ -326,10 +376,7 @@ int main(int argc, char** argv) {
   }
   // Block the shutdown signals before any thread starts, so every thread
   // inherits the mask and only sigwait() in Serve() receives them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
+  const sigset_t signals = coalesce::ShutdownSignals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   return coalesce::Serve(*options);
 }

@@ -4,12 +4,55 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <string_view>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace coalesce::service {
+
+const char* DeviceName(Device device) {
+  switch (device) {
+    case Device::kAuto:
+      return "auto";
+    case Device::kCpu:
+      return "cpu";
+    case Device::kCuda:
+      return "cuda";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<Device> ParseDevice(const std::string& text) {
+  for (Device device : {Device::kAuto, Device::kCpu, Device::kCuda}) {
+    if (text == DeviceName(device)) return device;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--device=", text, ": expected auto, cpu or cuda"));
+}
+
+absl::StatusOr<std::optional<engine::Precision>> ParseDtype(const std::string& text) {
+  if (text == "auto") return std::optional<engine::Precision>();
+  absl::StatusOr<engine::Precision> precision = engine::ParsePrecision(text);
+  if (!precision.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dtype=", text, ": expected auto, bf16, fp16 or fp32"));
+  }
+  return std::optional<engine::Precision>(*precision);
+}
+
+absl::StatusOr<int> ParseFaultInjection(const std::string& text) {
+  if (text.empty()) return -1;
+  constexpr std::string_view kDeviceLost = "device_lost_after_steps:";
+  int steps;
+  if (text.rfind(kDeviceLost, 0) != 0 ||
+      !absl::SimpleAtoi(text.substr(kDeviceLost.size()), &steps) || steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--fault_injection=", text, ": expected device_lost_after_steps:N with N >= 0"));
+  }
+  return steps;
+}
 
 absl::StatusOr<KvCacheMemory> ParseKvCacheMemory(const std::string& text) {
   KvCacheMemory out;

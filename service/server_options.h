@@ -2,13 +2,21 @@
 // main() and passed down.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "batcher/scheduler.h"
+#include "engine/cuda/cuda_backend.h"
 
 namespace coalesce::service {
+
+// Where the model runs (--device). kAuto: the GPU when one is usable, else
+// the CPU (service/backend_factory.h decides).
+enum class Device { kAuto, kCpu, kCuda };
+const char* DeviceName(Device device);                        // "auto", "cpu", "cuda"
+absl::StatusOr<Device> ParseDevice(const std::string& text);  // --device
 
 struct ServerOptions {
   std::string host = "0.0.0.0";
@@ -20,8 +28,16 @@ struct ServerOptions {
   int max_batch_tokens = 2048;  // tokens per engine step
   int max_queue = 1024;         // waiting requests at most
   int threads = 0;              // 0: one per core
+  Device device = Device::kAuto;
+  // Weights and KV cache; nullopt is auto: bf16 on CUDA, fp32 on the CPU
+  // (which computes only in fp32).
+  std::optional<engine::Precision> precision;
+  bool cuda_graphs = true;  // CUDA: replay captured graphs for decode steps
   int kv_block_size = 16;
   std::string kv_cache_memory = "auto";
+  // TESTING ONLY (--fault_injection=device_lost_after_steps:N): after N
+  // steps every step fails as a lost GPU does. -1: off.
+  int fault_device_lost_after_steps = -1;
   absl::Duration grace_period = absl::Seconds(30);
   int max_request_bytes = 4 << 20;
   absl::Duration max_connection_age = absl::Minutes(5);
@@ -29,6 +45,12 @@ struct ServerOptions {
   absl::Duration keepalive_timeout = absl::Seconds(10);
   bool log_steps = false;
 };
+
+// --dtype: "auto" (nullopt), "bf16", "fp16" or "fp32".
+absl::StatusOr<std::optional<engine::Precision>> ParseDtype(const std::string& text);
+
+// --fault_injection: "" (off: -1) or "device_lost_after_steps:N" (N >= 0).
+absl::StatusOr<int> ParseFaultInjection(const std::string& text);
 
 // "auto", a byte count with an optional unit ("512MiB", "2GB", "1048576"), or
 // a fraction of physical memory in (0, 1] ("0.25").
@@ -39,8 +61,10 @@ struct KvCacheMemory {
 };
 absl::StatusOr<KvCacheMemory> ParseKvCacheMemory(const std::string& text);
 
-// KV blocks to allocate. "auto": enough for max_batch_size sequences of the
-// full context, but at most a quarter of physical memory.
+// KV blocks to allocate on the CPU. "auto": enough for max_batch_size
+// sequences of the full context, but at most a quarter of physical memory.
+// (The CUDA backend sizes its own from free device memory; see
+// service/backend_factory.h.)
 int64_t KvCacheBlocks(const KvCacheMemory& memory, int64_t block_bytes, int64_t full_context_blocks,
                       int max_batch_size, int64_t physical_memory_bytes);
 

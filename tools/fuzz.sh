@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 seconds=${1:-20}
 build=build-fuzz
 # The engine itself is instrumented too (coverage and sanitizers), so the
-# fuzzer explores it and a bug inside it is caught.
-cmake -S . -B "$build" -DCOALESCE_ENGINE_ONLY=ON -DCOALESCE_FUZZ=ON \
+# fuzzer explores it and a bug inside it is caught. The fuzzed loaders run on
+# the CPU: the CUDA backend is left out.
+cmake -S . -B "$build" -DCOALESCE_ENGINE_ONLY=ON -DCOALESCE_FUZZ=ON -DCOALESCE_CUDA=OFF \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=all" >/dev/null
 targets=$(sed -n 's/^coalesce_fuzzer(\(.*\))$/\1/p' tests/fuzz/CMakeLists.txt)

@@ -184,5 +184,147 @@ TEST_F(EngineLoopTest, StopEndsQueuedWorkAndRefusesNewWork) {
   EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable);
 }
 
+// ---------------------------------------------------------------------------
+// Failed steps, one Tick at a time
+// ---------------------------------------------------------------------------
+
+// Records what the loop reports about failures.
+class FailureObserver : public LoopObserver {
+ public:
+  void OnEngineFailure(const absl::Status& status, bool device_lost) override {
+    failures.emplace_back(status, device_lost);
+  }
+  void OnPreempted() override { ++preemptions; }
+  std::vector<std::pair<absl::Status, bool>> failures;
+  int preemptions = 0;
+};
+
+class StepFailureTest : public ::testing::Test {
+ protected:
+  // Two slots, no window, blocks of 4 positions; never Start()ed, so each
+  // Tick() is one iteration.
+  void MakeLoop(int num_blocks = 16) {
+    backend_ = std::make_unique<CountingBackend>(num_blocks);
+    EngineLoopOptions options;
+    options.scheduler.max_batch_size = 2;
+    options.scheduler.batch_window = absl::ZeroDuration();
+    loop_ = std::make_unique<EngineLoop>(backend_.get(), &tokenizer_, options, &clock_, &observer_);
+  }
+  GenerationRequest At(std::vector<int32_t> prompt, int max_new_tokens) {
+    GenerationRequest r = Request(std::move(prompt), max_new_tokens);
+    r.arrival = clock_.Now();
+    return r;
+  }
+  std::shared_ptr<Collector> Submit(std::vector<int32_t> prompt, int max_new_tokens) {
+    auto sink = std::make_shared<Collector>();
+    absl::StatusOr<uint64_t> id = loop_->Submit(At(std::move(prompt), max_new_tokens), sink);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return sink;
+  }
+  void RunUntilFinished(const std::vector<std::shared_ptr<Collector>>& sinks) {
+    for (int i = 0; i < 100; ++i) {
+      if (std::all_of(sinks.begin(), sinks.end(), [](auto& s) { return s->finished(); })) return;
+      loop_->Tick();
+    }
+    FAIL() << "not finished after 100 ticks";
+  }
+  int UsedBlocks() {
+    LoopSnapshot s = loop_->Snapshot();
+    return s.total_blocks - static_cast<int>(s.free_blocks.size());
+  }
+
+  FakeClock clock_{absl::FromUnixSeconds(1000)};
+  LetterTokenizer tokenizer_;
+  FailureObserver observer_;
+  std::unique_ptr<CountingBackend> backend_;
+  std::unique_ptr<EngineLoop> loop_;
+};
+
+TEST_F(StepFailureTest, FailedStepFailsOnlyItsRequestsAndFreesTheirBlocks) {
+  MakeLoop();
+  auto a = Submit({0, 1, 2}, 6);
+  auto b = Submit({5}, 6);
+  auto c = Submit({9}, 3);  // no free slot: waits, so it is in no step
+  loop_->Tick();            // A and B prefill and sample their first token
+  ASSERT_THAT(a->ids(), ElementsAre(3));
+  ASSERT_THAT(b->ids(), ElementsAre(6));
+  backend_->fail_next_ = true;
+  loop_->Tick();  // the decode step of A and B fails
+  for (auto* sink : {&a, &b}) {
+    ASSERT_TRUE((*sink)->finished());
+    StreamUpdate last = (*sink)->WaitFinal();
+    EXPECT_EQ(last.status.code(), absl::StatusCode::kInternal);
+    EXPECT_THAT(std::string(last.status.message()), ::testing::HasSubstr("injected failure"));
+    EXPECT_EQ(last.completion_tokens, 1);
+  }
+  EXPECT_FALSE(c->finished());
+  EXPECT_EQ(UsedBlocks(), 0);  // A's and B's blocks are back; C is not admitted yet
+  ASSERT_EQ(observer_.failures.size(), 1u);
+  EXPECT_EQ(observer_.failures[0].first.code(), absl::StatusCode::kInternal);
+  EXPECT_FALSE(observer_.failures[0].second);
+
+  // The loop goes on: C, and a request submitted after the failure, run as
+  // if nothing had happened.
+  auto d = Submit({1}, 2);
+  RunUntilFinished({c, d});
+  EXPECT_TRUE(c->WaitFinal().status.ok());
+  EXPECT_THAT(c->ids(), ElementsAre(10, 11, 12));
+  EXPECT_TRUE(d->WaitFinal().status.ok());
+  EXPECT_THAT(d->ids(), ElementsAre(2, 3));
+  EXPECT_EQ(UsedBlocks(), 0);
+  EXPECT_EQ(observer_.failures.size(), 1u);
+}
+
+TEST_F(StepFailureTest, DeviceLossEndsEveryRequestAndRefusesNewOnes) {
+  MakeLoop();
+  auto a = Submit({0, 1, 2}, 6);
+  auto b = Submit({5}, 6);
+  auto c = Submit({9}, 3);  // waits: never runs
+  loop_->Tick();
+  backend_->fail_code_ = engine::kDeviceLostCode;
+  backend_->fail_next_ = true;
+  loop_->Tick();
+  // A and B were running: INTERNAL. C never ran: UNAVAILABLE, retryable
+  // elsewhere.
+  EXPECT_EQ(a->WaitFinal().status.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(b->WaitFinal().status.code(), absl::StatusCode::kInternal);
+  StreamUpdate never_ran = c->WaitFinal();
+  EXPECT_EQ(never_ran.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(c->ids().empty());
+  EXPECT_EQ(UsedBlocks(), 0);
+  EXPECT_TRUE(loop_->Snapshot().running.empty());
+  EXPECT_TRUE(loop_->Snapshot().waiting.empty());
+  ASSERT_EQ(observer_.failures.size(), 1u);
+  EXPECT_EQ(observer_.failures[0].first.code(), engine::kDeviceLostCode);
+  EXPECT_TRUE(observer_.failures[0].second);
+
+  // New work is refused, and no step ever runs again.
+  absl::StatusOr<uint64_t> late = loop_->Submit(At({1}, 2), std::make_shared<Collector>());
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable);
+  const size_t steps = backend_->batch_sizes().size();
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(loop_->Tick());
+  EXPECT_EQ(backend_->batch_sizes().size(), steps);
+  EXPECT_EQ(observer_.failures.size(), 1u);
+}
+
+TEST_F(StepFailureTest, DeviceLossFailsAPreemptedRequestWithInternal) {
+  // 3 blocks of 4 positions: as A and B grow, B (admitted last) is preempted
+  // after it has streamed tokens. When the device is lost while B waits, B
+  // ends with INTERNAL like a running request: its stream already began.
+  MakeLoop(/*num_blocks=*/3);
+  auto a = Submit({0}, 8);
+  auto b = Submit({3}, 8);
+  for (int i = 0; i < 20 && observer_.preemptions == 0; ++i) loop_->Tick();
+  ASSERT_EQ(observer_.preemptions, 1);
+  ASSERT_EQ(loop_->Snapshot().waiting.size(), 1u);
+  ASSERT_FALSE(b->ids().empty());
+  backend_->fail_code_ = engine::kDeviceLostCode;
+  backend_->fail_next_ = true;
+  loop_->Tick();
+  EXPECT_EQ(a->WaitFinal().status.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(b->WaitFinal().status.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(UsedBlocks(), 0);
+}
+
 }  // namespace
 }  // namespace coalesce::batcher

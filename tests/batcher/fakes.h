@@ -53,7 +53,7 @@ class CountingBackend : public engine::Backend {
   absl::Status Step(const engine::StepBatch& batch, std::span<float> logits) override {
     if (fail_next_) {
       fail_next_ = false;
-      return absl::InternalError("injected failure");
+      return absl::Status(fail_code_, "injected failure");
     }
     {
       absl::MutexLock lock(&mu_);
@@ -86,7 +86,10 @@ class CountingBackend : public engine::Backend {
     absl::MutexLock lock(&mu_);
     return step_tokens_;
   }
+  // The next step fails with fail_code_ (engine::kDeviceLostCode: the
+  // device is gone), then steps work again.
   std::atomic<bool> fail_next_{false};
+  std::atomic<absl::StatusCode> fail_code_{absl::StatusCode::kInternal};
   absl::Duration step_delay_ = absl::ZeroDuration();
 
  private:

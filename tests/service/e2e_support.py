@@ -45,7 +45,10 @@ message HealthCheckResponse {
   enum ServingStatus { UNKNOWN = 0; SERVING = 1; NOT_SERVING = 2; SERVICE_UNKNOWN = 3; }
   ServingStatus status = 1;
 }
-service Health { rpc Check(HealthCheckRequest) returns (HealthCheckResponse); }
+service Health {
+  rpc Check(HealthCheckRequest) returns (HealthCheckResponse);
+  rpc Watch(HealthCheckRequest) returns (stream HealthCheckResponse);
+}
 """
 
 # The subset of grpc/reflection/v1alpha/reflection.proto that list_services
@@ -245,6 +248,10 @@ class Client:
             "/grpc.health.v1.Health/Check",
             request_serializer=pb.health.HealthCheckRequest.SerializeToString,
             response_deserializer=pb.health.HealthCheckResponse.FromString)
+        self._health_watch = self.channel.unary_stream(
+            "/grpc.health.v1.Health/Watch",
+            request_serializer=pb.health.HealthCheckRequest.SerializeToString,
+            response_deserializer=pb.health.HealthCheckResponse.FromString)
         self._reflect = self.channel.stream_stream(
             "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
             request_serializer=pb.reflection.ServerReflectionRequest.SerializeToString,
@@ -318,6 +325,11 @@ class Client:
     def health(self, service="", timeout=RPC_TIMEOUT):
         return self._health(self.pb.health.HealthCheckRequest(service=service),
                             timeout=timeout).status
+
+    def health_watch(self, service="", timeout=RPC_TIMEOUT):
+        """The Watch stream: the current status, then every change."""
+        return self._health_watch(self.pb.health.HealthCheckRequest(service=service),
+                                  timeout=timeout)
 
     def list_services(self):
         req = self.pb.reflection.ServerReflectionRequest(list_services="*")

@@ -26,5 +26,24 @@ TEST(KvCacheMemoryTest, AutoIsBoundedByBatchAndByMemory) {
   EXPECT_EQ(KvCacheBlocks({.fraction = 0.5}, 1024, 128, 16, 1LL << 20), 512);
 }
 
+TEST(DeviceFlagsTest, ParsesDeviceDtypeAndFaultInjection) {
+  EXPECT_EQ(*ParseDevice("auto"), Device::kAuto);
+  EXPECT_EQ(*ParseDevice("cpu"), Device::kCpu);
+  EXPECT_EQ(*ParseDevice("cuda"), Device::kCuda);
+  EXPECT_FALSE(ParseDevice("gpu").ok());
+  EXPECT_FALSE(ParseDtype("auto")->has_value());
+  EXPECT_EQ(**ParseDtype("bf16"), engine::Precision::kBf16);
+  EXPECT_EQ(**ParseDtype("fp16"), engine::Precision::kFp16);
+  EXPECT_EQ(**ParseDtype("fp32"), engine::Precision::kFp32);
+  EXPECT_FALSE(ParseDtype("int8").ok());
+  EXPECT_EQ(*ParseFaultInjection(""), -1);
+  EXPECT_EQ(*ParseFaultInjection("device_lost_after_steps:0"), 0);
+  EXPECT_EQ(*ParseFaultInjection("device_lost_after_steps:25"), 25);
+  for (const char* bad : {"device_lost_after_steps:", "device_lost_after_steps:-1",
+                          "device_lost_after_steps:x", "oom_after_steps:3", "25"}) {
+    EXPECT_FALSE(ParseFaultInjection(bad).ok()) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace coalesce::service

@@ -720,3 +720,58 @@ def test_static_batching_goldens(static_srv, golden):
     with_others = run_concurrently([lambda: c.generate(seeded)] +
                                    [lambda r=r: c.generate(r) for r, _ in reqs[:3]])
     assert with_others[0].ids == alone.ids
+
+
+# ---------------------------------------------------------------------------
+# 13. A lost device (simulated with the testing-only --fault_injection)
+# ---------------------------------------------------------------------------
+
+def test_device_lost_fails_requests_reports_not_serving_and_exits(pb, golden):
+    """Every engine step after the 60th fails as a GPU whose context is gone
+    does. The running stream ends with INTERNAL after its 60 tokens, a request
+    that never ran gets UNAVAILABLE, health turns NOT_SERVING, and the process
+    exits with a non-zero code within seconds (so Kubernetes restarts it)."""
+    steps = 60
+    server, client = start_server(["--fault_injection=device_lost_after_steps:%d" % steps,
+                                   "--max_batch_size=1", "--batch_window=0",
+                                   "--grace_period=30s"])
+    try:
+        client.bind(pb)
+        assert "TESTING" in server.log(), "the fault injection is not in the start-up log"
+        health = client.pb.health.HealthCheckResponse
+        watch = client.health_watch(timeout=30)
+        statuses = iter(watch)
+        assert next(statuses).status == health.SERVING
+        case = golden[0]
+        running = client.generate_call(
+            client.request(prompt=case["prompt"], max_new_tokens=300), timeout=30)
+        it = iter(running)
+        msgs = [next(it)]  # it runs, alone in the batch
+        # One slot: this one waits, and never runs (it may also come after the
+        # loss, and be refused; UNAVAILABLE either way).
+        waiting = client.generate_call(client.request(prompt="Tim", max_new_tokens=5), timeout=30)
+        with pytest.raises(grpc.RpcError) as failed:
+            for m in it:
+                msgs.append(m)
+        t_lost = time.monotonic()
+        assert failed.value.code() == grpc.StatusCode.INTERNAL, failed.value
+        # Every successful step made one token of the stream, as the golden
+        # says; tokens not yet written when the error came are dropped (an
+        # error replaces the final message), so the client saw at most that.
+        ids = [t for m in msgs for t in m.token_ids]
+        assert 1 <= len(ids) <= steps and ids == case["output_ids"][:len(ids)], ids
+        with pytest.raises(grpc.RpcError) as refused:
+            list(waiting)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value
+        # Health: NOT_SERVING for every service, seen by the open Watch.
+        assert next(statuses).status == health.NOT_SERVING
+        watch.cancel()
+        rc = server.proc.wait(15)
+        assert rc != 0 and rc == 3, "exit code %s" % rc
+        assert time.monotonic() - t_lost < 8, "took %.1f s to exit" % (time.monotonic() - t_lost)
+        log = server.log()
+        assert "device lost" in log
+        assert "stopped after a lost device" in log
+    finally:
+        client.close()
+        server.kill()

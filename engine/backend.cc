@@ -1,0 +1,133 @@
+#include "engine/backend.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace coalesce::engine {
+
+// Declared in backend.h.
+absl::Status ValidateModel(const Model& model, bool check_weights) {
+  const ModelConfig& c = model.config;
+  if (c.dim <= 0 || c.hidden_dim <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 ||
+      c.vocab_size <= 0 || c.max_seq_len <= 0 || c.dim % c.n_heads != 0 ||
+      c.n_heads % c.n_kv_heads != 0 || c.head_dim() % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model ", c.name, " has an invalid shape"));
+  }
+  // RoPE tables and attention scratch grow with the context.
+  constexpr int kMaxContext = 1 << 20;
+  if (c.max_seq_len > kMaxContext) {
+    return absl::InvalidArgumentError(absl::StrCat("model ", c.name, ": context ", c.max_seq_len,
+                                                   " exceeds the engine's ", kMaxContext));
+  }
+  if (!check_weights) return absl::OkStatus();
+  const size_t d = c.dim, h = c.hidden_dim, kv = c.kv_dim(), v = c.vocab_size;
+  const ModelWeights& w = model.weights;
+  bool ok = w.token_embedding.size() == v * d && w.classifier.size() == v * d &&
+            w.final_norm.size() == d && w.layers.size() == static_cast<size_t>(c.n_layers);
+  const size_t qkv_bias = c.qkv_bias ? 1 : 0, o_bias = c.o_bias ? 1 : 0;
+  for (const LayerWeights& l : w.layers) {
+    ok = ok && l.attn_norm.size() == d && l.wq.size() == d * d && l.wk.size() == kv * d &&
+         l.wv.size() == kv * d && l.wo.size() == d * d && l.ffn_norm.size() == d &&
+         l.w1.size() == h * d && l.w2.size() == d * h && l.w3.size() == h * d &&
+         l.bq.size() == qkv_bias * d && l.bk.size() == qkv_bias * kv &&
+         l.bv.size() == qkv_bias * kv && l.bo.size() == o_bias * d;
+  }
+  if (!ok) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", c.name, ": weight sizes do not match its config"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateStep(const ModelConfig& config, const KvCacheConfig& kv,
+                          const StepBatch& batch, std::vector<int32_t>& block_owner) {
+  const size_t num_seqs = batch.seqs.size();
+  block_owner.resize(kv.num_blocks, -1);
+  int64_t total = 0;
+  for (size_t s = 0; s < num_seqs; ++s) {
+    const SequenceStep& seq = batch.seqs[s];
+    if (seq.num_tokens < 1 || seq.start_pos < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": num_tokens ",
+                                                     seq.num_tokens, " must be >= 1 and start_pos ",
+                                                     seq.start_pos, " >= 0"));
+    }
+    const int64_t end = int64_t{seq.start_pos} + seq.num_tokens;
+    if (end > config.max_seq_len) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": positions up to ", end,
+                                                     " exceed the context of ",
+                                                     config.max_seq_len));
+    }
+    const int64_t blocks_needed = (end + kv.block_size - 1) / kv.block_size;
+    if (static_cast<int64_t>(seq.block_table.size()) < blocks_needed) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", s, ": block table has ", seq.block_table.size(),
+                       " blocks, positions up to ", end, " need ", blocks_needed));
+    }
+    for (int64_t b = 0; b < blocks_needed; ++b) {
+      if (seq.block_table[b] < 0 || seq.block_table[b] >= kv.num_blocks) {
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": block id ",
+                                                       seq.block_table[b], " out of range [0, ",
+                                                       kv.num_blocks, ")"));
+      }
+    }
+    total += seq.num_tokens;
+  }
+  if (total != static_cast<int64_t>(batch.tokens.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequences hold ", total, " tokens, batch has ", batch.tokens.size()));
+  }
+  for (size_t t = 0; t < batch.tokens.size(); ++t) {
+    if (batch.tokens[t] < 0 || batch.tokens[t] >= config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("token ", t, " id ", batch.tokens[t],
+                                                     " out of range [0, ", config.vocab_size, ")"));
+    }
+  }
+  // Two sequences writing one block would race and corrupt each other; a
+  // shared block that only one writes (a shared prefix) is fine.
+  absl::Status status = absl::OkStatus();
+  std::vector<int32_t> written;
+  for (size_t s = 0; s < num_seqs && status.ok(); ++s) {
+    const SequenceStep& seq = batch.seqs[s];
+    const int first = seq.start_pos / kv.block_size;
+    const int last = (seq.start_pos + seq.num_tokens - 1) / kv.block_size;
+    for (int b = first; b <= last; ++b) {
+      const int32_t block = seq.block_table[b];
+      if (block_owner[block] == -1) {
+        block_owner[block] = static_cast<int32_t>(s);
+        written.push_back(block);
+      } else if (block_owner[block] != static_cast<int32_t>(s)) {
+        status = absl::InvalidArgumentError(absl::StrCat("sequences ", block_owner[block], " and ",
+                                                         s, " both write block ", block));
+        break;
+      }
+    }
+  }
+  for (const int32_t block : written) block_owner[block] = -1;
+  return status;
+}
+
+absl::Status Backend::StepAndSample(const StepBatch& batch, std::span<const SampleSpec> sampling,
+                                    std::span<int32_t> tokens) {
+  if (sampling.size() != batch.seqs.size() || tokens.size() != batch.seqs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("StepAndSample: ", batch.seqs.size(),
+                                                   " sequences, ", sampling.size(),
+                                                   " sampling specs, ", tokens.size(), " outputs"));
+  }
+  const size_t vocab = static_cast<size_t>(config().vocab_size);
+  logits_.resize(batch.seqs.size() * vocab);
+  if (absl::Status status = Step(batch, std::span<float>(logits_)); !status.ok()) return status;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = SampleWithUniform(std::span<const float>(logits_).subspan(i * vocab, vocab),
+                                  sampling[i].params, sampling[i].uniform);
+  }
+  return absl::OkStatus();
+}
+
+int64_t Backend::weight_bytes() const {
+  return config().num_parameters() * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t Backend::kv_bytes_per_token() const { return KvBlockBytes(config(), 1); }
+
+}  // namespace coalesce::engine

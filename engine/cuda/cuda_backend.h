@@ -1,0 +1,67 @@
+// The CUDA backend: the same Backend as the CPU engine, on one NVIDIA GPU.
+//
+// A step runs the whole batch through the model at once: cuBLAS applies each
+// weight matrix to every token of the step in one call (q/k/v fused into one
+// matrix, gate/up into another), and our own kernels (cuda/kernels.h) do the
+// rest: embedding lookup, RMSNorm fused with the residual add, rotary
+// embeddings fused with writing K and V into the paged cache, attention over
+// the paged blocks (split along the sequence, one K/V read per group of query
+// heads), SwiGLU, and sampling, so that only token ids cross to the host.
+// Decode steps replay a CUDA graph captured once per batch-size bucket.
+//
+// Weights and the KV cache are BF16 or FP16 with FP32 accumulation, or FP32
+// throughout for exact comparison with the CPU engine. Every CUDA and cuBLAS
+// call is checked; an error becomes a Status naming the call. A sticky device
+// error (the context is unusable) comes back with kDeviceLostCode.
+//
+// This header needs no CUDA headers: a build without the CUDA toolkit gets a
+// CreateCudaBackend that says so.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/backend.h"
+#include "engine/model.h"
+
+namespace coalesce::engine {
+
+enum class Precision { kBf16, kFp16, kFp32 };
+// "bf16", "fp16", "fp32".
+const char* PrecisionName(Precision precision);
+// Parses "bf16" / "fp16" / "fp32"; InvalidArgument otherwise.
+absl::StatusOr<Precision> ParsePrecision(const std::string& text);
+
+struct CudaBackendOptions {
+  int device = 0;                          // CUDA device ordinal
+  Precision precision = Precision::kBf16;  // weights and KV cache
+  int block_size = 16;                     // token positions per KV block
+  // KV blocks: num_blocks when > 0; otherwise kv_memory_fraction of the
+  // device memory still free once weights and activations are allocated.
+  int num_blocks = 0;
+  double kv_memory_fraction = 0.9;
+  int max_batch_tokens = 2048;  // tokens in one step at most
+  int max_seqs = 256;           // sequences in one step at most
+  bool cuda_graphs = true;      // replay captured graphs for decode steps
+  // Benchmarks of large shapes: fill the weights on the device from this
+  // seed (uniform in +-1/sqrt(fan_in)) instead of copying model.weights,
+  // which may then be empty.
+  bool random_weights = false;
+  uint64_t random_seed = 1;
+  // Benchmarks of decode at long contexts: fill the KV cache with random
+  // values, so that decode steps can start at any position without a prefill.
+  bool fill_kv_cache_random = false;
+};
+
+// Whether a CUDA device is usable here. False with the reason in *why:
+// "built without CUDA", "no CUDA device (cudaGetDeviceCount: ...)", ...
+bool CudaDeviceUsable(std::string* why);
+
+// Uploads the model (converting to options.precision), sizes the KV cache,
+// and captures nothing yet (graphs are captured on first use of a bucket).
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(std::shared_ptr<const Model> model,
+                                                           const CudaBackendOptions& options);
+
+}  // namespace coalesce::engine

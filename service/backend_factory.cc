@@ -1,0 +1,146 @@
+#include "service/backend_factory.h"
+
+#include <unistd.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "service/fault_injection.h"
+
+namespace coalesce::service {
+namespace {
+
+int64_t PhysicalMemoryBytes() {
+  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+}
+
+// KV block ids are int32 in the block tables.
+absl::Status CheckNumBlocks(int64_t num_blocks, int64_t block_bytes, const std::string& flag) {
+  if (num_blocks < 1 || num_blocks > (int64_t{1} << 31) - 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv_cache_memory=", flag, " gives ",
+                                                   num_blocks, " KV blocks of ", block_bytes,
+                                                   " bytes; need at least one"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<BackendPlan> PlanBackend(const ServerOptions& options, bool cuda_usable,
+                                        const std::string& cuda_why_not) {
+  BackendPlan plan;
+  switch (options.device) {
+    case Device::kCuda:
+      if (!cuda_usable) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("--device=cuda: no usable CUDA device: ", cuda_why_not));
+      }
+      plan.device = Device::kCuda;
+      break;
+    case Device::kCpu:
+      plan.device = Device::kCpu;
+      break;
+    case Device::kAuto:
+      plan.device = cuda_usable ? Device::kCuda : Device::kCpu;
+      if (!cuda_usable) plan.fallback_reason = cuda_why_not;
+      break;
+  }
+  if (plan.device == Device::kCuda) {
+    plan.precision = options.precision.value_or(engine::Precision::kBf16);
+    return plan;
+  }
+  plan.precision = engine::Precision::kFp32;
+  if (options.precision.has_value() && *options.precision != engine::Precision::kFp32) {
+    std::string message =
+        absl::StrCat("--dtype=", engine::PrecisionName(*options.precision),
+                     ": the CPU backend computes in fp32 only; pass --dtype=fp32 or auto");
+    if (options.device == Device::kAuto) {
+      absl::StrAppend(&message, " (--device=auto chose the CPU: ", cuda_why_not, ")");
+    }
+    return absl::InvalidArgumentError(message);
+  }
+  return plan;
+}
+
+int64_t KvBlockBytesAt(const engine::ModelConfig& config, int block_size,
+                       engine::Precision precision) {
+  const int64_t element_bytes = precision == engine::Precision::kFp32 ? 4 : 2;
+  return int64_t{2} * config.n_layers * block_size * config.kv_dim() * element_bytes;
+}
+
+absl::StatusOr<engine::CpuBackendOptions> CpuOptions(const ServerOptions& options,
+                                                     const engine::ModelConfig& config,
+                                                     int64_t physical_memory_bytes) {
+  ASSIGN_OR_RETURN(const KvCacheMemory memory, ParseKvCacheMemory(options.kv_cache_memory));
+  const int64_t block_bytes = engine::KvBlockBytes(config, options.kv_block_size);
+  const int64_t context_blocks =
+      (config.max_seq_len + options.kv_block_size - 1) / options.kv_block_size;
+  const int64_t num_blocks = KvCacheBlocks(memory, block_bytes, context_blocks,
+                                           options.scheduler.max_batch_size, physical_memory_bytes);
+  RETURN_IF_ERROR(CheckNumBlocks(num_blocks, block_bytes, options.kv_cache_memory));
+  engine::CpuBackendOptions out;
+  out.kv_cache = {options.kv_block_size, static_cast<int>(num_blocks)};
+  out.threads = options.threads;
+  return out;
+}
+
+absl::StatusOr<engine::CudaBackendOptions> CudaOptions(const ServerOptions& options,
+                                                       const engine::ModelConfig& config,
+                                                       engine::Precision precision) {
+  ASSIGN_OR_RETURN(const KvCacheMemory memory, ParseKvCacheMemory(options.kv_cache_memory));
+  engine::CudaBackendOptions out;
+  out.precision = precision;
+  out.block_size = options.kv_block_size;
+  out.max_batch_tokens = options.max_batch_tokens;
+  out.max_seqs = options.scheduler.max_batch_size;
+  out.cuda_graphs = options.cuda_graphs;
+  // Free device memory is known only once the weights are on the device, so
+  // a fraction is the backend's to apply; a size is ours.
+  out.num_blocks = 0;
+  if (memory.automatic) {
+    out.kv_memory_fraction = 0.9;
+  } else if (memory.fraction > 0) {
+    out.kv_memory_fraction = memory.fraction;
+  } else {
+    const int64_t block_bytes = KvBlockBytesAt(config, options.kv_block_size, precision);
+    const int64_t num_blocks = memory.bytes / block_bytes;
+    RETURN_IF_ERROR(CheckNumBlocks(num_blocks, block_bytes, options.kv_cache_memory));
+    out.num_blocks = static_cast<int>(num_blocks);
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<engine::Backend>> CreateBackend(
+    const ServerOptions& options, std::shared_ptr<const engine::Model> model) {
+  // --device=cpu never touches the CUDA driver.
+  std::string why_not;
+  const bool cuda_usable = options.device != Device::kCpu && engine::CudaDeviceUsable(&why_not);
+  ASSIGN_OR_RETURN(const BackendPlan plan, PlanBackend(options, cuda_usable, why_not));
+  if (!plan.fallback_reason.empty()) {
+    LogF(LogLevel::kInfo, "device auto: using the CPU: %s", plan.fallback_reason);
+  }
+  absl::StatusOr<std::unique_ptr<engine::Backend>> backend;
+  if (plan.device == Device::kCuda) {
+    ASSIGN_OR_RETURN(const engine::CudaBackendOptions cuda,
+                     CudaOptions(options, model->config, plan.precision));
+    backend = engine::CreateCudaBackend(std::move(model), cuda);
+  } else {
+    ASSIGN_OR_RETURN(const engine::CpuBackendOptions cpu,
+                     CpuOptions(options, model->config, PhysicalMemoryBytes()));
+    backend = engine::CreateCpuBackend(std::move(model), cpu);
+  }
+  if (!backend.ok()) {
+    return absl::Status(backend.status().code(),
+                        absl::StrCat("cannot start the ", DeviceName(plan.device),
+                                     " engine: ", backend.status().message()));
+  }
+  if (options.fault_device_lost_after_steps >= 0) {
+    *backend = std::make_unique<DeviceLossInjector>(*std::move(backend),
+                                                    options.fault_device_lost_after_steps);
+  }
+  return backend;
+}
+
+}  // namespace coalesce::service

@@ -1,0 +1,68 @@
+// Turns --device, --dtype, --kv_cache_memory and the batch limits into a
+// backend: the CUDA one on a usable GPU, else the CPU one.
+//
+// Device rule: --device=cuda needs a usable CUDA device (engine::
+// CudaDeviceUsable) and fails at start-up, naming the reason, without one;
+// --device=cpu is the CPU; --device=auto is the GPU when usable, else the CPU
+// with one log line saying why. --dtype=auto is bf16 on CUDA and fp32 on the
+// CPU, which computes only in fp32.
+//
+// KV cache: the CPU reads --kv_cache_memory as ServerOptions documents
+// (KvCacheBlocks). On CUDA, "auto" is 0.9 and a fraction is that fraction of
+// the device memory still free once weights and activations are allocated
+// (the backend measures it), and a size is num_blocks = size / block bytes at
+// the chosen precision.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/backend.h"
+#include "engine/cpu/cpu_backend.h"
+#include "engine/cuda/cuda_backend.h"
+#include "engine/model.h"
+#include "service/server_options.h"
+
+namespace coalesce::service {
+
+struct BackendPlan {
+  Device device = Device::kCpu;  // kCpu or kCuda, never kAuto
+  engine::Precision precision = engine::Precision::kFp32;
+  // Why --device=auto chose the CPU; empty otherwise.
+  std::string fallback_reason;
+};
+
+// The device rule above, given what engine::CudaDeviceUsable said
+// (`cuda_usable`, and `cuda_why_not` when false). --device=cuda without a
+// device is FAILED_PRECONDITION; a --dtype the CPU cannot run is
+// INVALID_ARGUMENT.
+absl::StatusOr<BackendPlan> PlanBackend(const ServerOptions& options, bool cuda_usable,
+                                        const std::string& cuda_why_not);
+
+// Bytes one KV block of `block_size` positions takes at `precision`: K and V
+// of every layer, 2 * n_layers * block_size * kv_dim * element bytes (2 for
+// bf16 and fp16, 4 for fp32).
+int64_t KvBlockBytesAt(const engine::ModelConfig& config, int block_size,
+                       engine::Precision precision);
+
+// The CPU backend's options: --kv_cache_memory against `physical_memory_bytes`.
+absl::StatusOr<engine::CpuBackendOptions> CpuOptions(const ServerOptions& options,
+                                                     const engine::ModelConfig& config,
+                                                     int64_t physical_memory_bytes);
+
+// The CUDA backend's options: precision, block size, KV sizing (above),
+// max_batch_tokens, max_batch_size (as max_seqs), CUDA graphs.
+absl::StatusOr<engine::CudaBackendOptions> CudaOptions(const ServerOptions& options,
+                                                       const engine::ModelConfig& config,
+                                                       engine::Precision precision);
+
+// All of the above with the real device query: plans, logs the fallback of
+// --device=auto, creates the backend, and wraps it in the fault injector when
+// --fault_injection asks. Errors say which flag or which device; a bad flag
+// value is INVALID_ARGUMENT.
+absl::StatusOr<std::unique_ptr<engine::Backend>> CreateBackend(
+    const ServerOptions& options, std::shared_ptr<const engine::Model> model);
+
+}  // namespace coalesce::service

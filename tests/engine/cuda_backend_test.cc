@@ -1,0 +1,506 @@
+// The CUDA backend end to end: logits against the CPU backend on random
+// models of odd shapes, stories260K's greedy goldens in FP32 (exact) and BF16
+// (agreement reported), a batch against the same requests alone, graphs
+// against eager steps, and bad steps refused without harm. Skips without a
+// GPU.
+#include "engine/cuda/cuda_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/cpu/cpu_backend.h"
+#include "engine/llama2c.h"
+#include "tests/engine/cuda_test_support.h"
+
+namespace coalesce::engine {
+namespace {
+
+using testing::RelativeError;
+
+const std::string kModels = COALESCE_MODELS_DIR;
+
+// A model of the given shape with random weights (1/sqrt(fan_in) scale),
+// norms near 1 and, when the shape has them, biases.
+std::shared_ptr<const Model> RandomModel(ModelConfig c, uint32_t seed) {
+  c.name = "random";
+  c.max_seq_len = 256;
+  auto storage = std::make_shared<std::vector<float>>();
+  std::vector<std::pair<size_t, size_t>> spans;  // offset, count
+  std::vector<float> scales;
+  auto add = [&](size_t count, float scale) {
+    spans.push_back({storage->size(), count});
+    scales.push_back(scale);
+    storage->resize(storage->size() + count);
+    return spans.size() - 1;
+  };
+  const size_t d = c.dim, h = c.hidden_dim, kv = c.kv_dim(), v = c.vocab_size;
+  const float sd = 1.0f / std::sqrt(static_cast<float>(d));
+  const size_t emb = add(v * d, 1.0f);
+  const size_t cls = c.tied_classifier ? emb : add(v * d, sd);
+  const size_t fnorm = add(d, -1.0f);
+  std::vector<std::vector<size_t>> layer_ids;
+  for (int l = 0; l < c.n_layers; ++l) {
+    layer_ids.push_back({add(d, -1.0f), add(d * d, sd), add(kv * d, sd), add(kv * d, sd),
+                         add(d * d, sd), add(d, -1.0f), add(h * d, sd),
+                         add(d * h, 1.0f / std::sqrt(static_cast<float>(h))), add(h * d, sd),
+                         add(c.qkv_bias ? d : 0, 0.2f), add(c.qkv_bias ? kv : 0, 0.2f),
+                         add(c.qkv_bias ? kv : 0, 0.2f), add(c.o_bias ? d : 0, 0.2f)});
+  }
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (size_t i = 0; i < spans.size(); ++i) {
+    for (size_t j = 0; j < spans[i].second; ++j) {
+      // A negative scale marks a norm: 1 +- 0.2.
+      (*storage)[spans[i].first + j] =
+          scales[i] < 0 ? 1.0f + 0.2f * uniform(rng) : scales[i] * uniform(rng);
+    }
+  }
+  auto span = [&](size_t id) {
+    return std::span<const float>(storage->data() + spans[id].first, spans[id].second);
+  };
+  Model m;
+  m.config = c;
+  m.weights.token_embedding = span(emb);
+  m.weights.classifier = span(cls);
+  m.weights.final_norm = span(fnorm);
+  for (const auto& ids : layer_ids) {
+    LayerWeights lw{span(ids[0]), span(ids[1]), span(ids[2]), span(ids[3]), span(ids[4]),
+                    span(ids[5]), span(ids[6]), span(ids[7]), span(ids[8])};
+    lw.bq = span(ids[9]);
+    lw.bk = span(ids[10]);
+    lw.bv = span(ids[11]);
+    lw.bo = span(ids[12]);
+    m.weights.layers.push_back(lw);
+  }
+  m.storage = storage;
+  return std::make_shared<const Model>(std::move(m));
+}
+
+ModelConfig Shape(int dim, int hidden, int layers, int heads, int kv_heads, int vocab) {
+  ModelConfig c;
+  c.dim = dim;
+  c.hidden_dim = hidden;
+  c.n_layers = layers;
+  c.n_heads = heads;
+  c.n_kv_heads = kv_heads;
+  c.vocab_size = vocab;
+  return c;
+}
+
+std::shared_ptr<const Model> Stories() {
+  static const std::shared_ptr<const Model> model = [] {
+    auto m = LoadLlama2cModel(kModels + "/stories260K/stories260K.bin");
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.ok() ? std::make_shared<const Model>(*std::move(m)) : nullptr;
+  }();
+  return model;
+}
+
+std::unique_ptr<Backend> MakeCuda(std::shared_ptr<const Model> model, Precision precision,
+                                  int block_size, bool graphs = true, int num_blocks = 512) {
+  CudaBackendOptions options;
+  options.precision = precision;
+  options.block_size = block_size;
+  options.num_blocks = num_blocks;
+  options.max_batch_tokens = 512;
+  options.max_seqs = 16;
+  options.cuda_graphs = graphs;
+  auto backend = CreateCudaBackend(std::move(model), options);
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  return backend.ok() ? *std::move(backend) : nullptr;
+}
+
+std::unique_ptr<Backend> MakeCpu(std::shared_ptr<const Model> model, int block_size) {
+  auto backend = CreateCpuBackend(
+      std::move(model), {.kv_cache = {.block_size = block_size, .num_blocks = 512}, .threads = 2});
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  return backend.ok() ? *std::move(backend) : nullptr;
+}
+
+// ---------------------------------------------------------------------------
+// A small driver: sequences with prompts, each starting at its own step,
+// prompts fed in chunks, then greedy (or sampled) decoding. Every sequence
+// owns a disjoint range of blocks.
+// ---------------------------------------------------------------------------
+
+struct Request {
+  std::vector<int32_t> prompt;
+  int outputs = 0;             // tokens to generate
+  int start_step = 0;          // the step it joins at
+  SamplingParams params = {};  // greedy by default
+  uint64_t seed = 0;
+};
+
+std::vector<std::vector<int32_t>> Generate(Backend& backend, const std::vector<Request>& requests,
+                                           int chunk) {
+  const int bs = backend.kv_cache().block_size;
+  const int blocks_each = (backend.config().max_seq_len + bs - 1) / bs;
+  struct State {
+    std::vector<int32_t> tokens, table, out;
+    int cached = 0;
+    Rng rng{0};
+  };
+  std::vector<State> states(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    states[i].tokens = requests[i].prompt;
+    states[i].table.resize(blocks_each);
+    std::iota(states[i].table.begin(), states[i].table.end(), static_cast<int>(i) * blocks_each);
+    states[i].rng = Rng(requests[i].seed);
+  }
+  for (int step = 0;; ++step) {
+    std::vector<int32_t> tokens;
+    std::vector<SequenceStep> seqs;
+    std::vector<SampleSpec> specs;
+    std::vector<size_t> who;
+    bool pending = false;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      State& s = states[i];
+      if (static_cast<int>(s.out.size()) >= requests[i].outputs) continue;
+      pending = true;
+      if (requests[i].start_step > step) continue;
+      const int n = std::min<int>(chunk, static_cast<int>(s.tokens.size()) - s.cached);
+      tokens.insert(tokens.end(), s.tokens.begin() + s.cached, s.tokens.begin() + s.cached + n);
+      seqs.push_back({n, s.cached, s.table});
+      SampleSpec spec;
+      if (s.cached + n == static_cast<int>(s.tokens.size())) {
+        spec.params = requests[i].params;
+        if (spec.params.temperature > 0) spec.uniform = s.rng.NextFloat();
+      }
+      specs.push_back(spec);
+      who.push_back(i);
+    }
+    if (!pending) break;
+    if (seqs.empty()) continue;
+    std::vector<int32_t> next(seqs.size());
+    const absl::Status status = backend.StepAndSample({tokens, seqs}, specs, next);
+    EXPECT_TRUE(status.ok()) << status;
+    if (!status.ok()) break;
+    for (size_t k = 0; k < who.size(); ++k) {
+      State& s = states[who[k]];
+      s.cached += seqs[k].num_tokens;
+      if (s.cached < static_cast<int>(s.tokens.size())) continue;
+      s.tokens.push_back(next[k]);
+      s.out.push_back(next[k]);
+    }
+  }
+  std::vector<std::vector<int32_t>> out;
+  for (State& s : states) out.push_back(std::move(s.out));
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Logits against the CPU backend
+// ---------------------------------------------------------------------------
+
+// Runs the same scripted steps on both backends (prefill chunks of two
+// sequences, then a third joins, then decodes of all three, every input the
+// CPU's greedy pick) and returns the worst relative error of a step's logits.
+double WorstLogitError(Backend& cuda, Backend& cpu) {
+  const ModelConfig& c = cpu.config();
+  const int bs = cpu.kv_cache().block_size, vocab = c.vocab_size;
+  const int blocks_each = (64 + bs - 1) / bs;  // the script stays within 64 positions
+  std::vector<std::vector<int32_t>> tables(3, std::vector<int32_t>(blocks_each));
+  for (int s = 0; s < 3; ++s) std::iota(tables[s].begin(), tables[s].end(), s * blocks_each);
+  std::vector<std::vector<int32_t>> seq_tokens = {{1}, {1}, {1}};
+  for (int i = 1; i < 40; ++i) {
+    for (int s = 0; s < 3; ++s) seq_tokens[s].push_back((i * (31 + 7 * s) + 5 * s) % vocab);
+  }
+  std::vector<int> cached = {0, 0, 0};
+  double worst = 0;
+  // (tokens this step for seqs 0, 1, 2); 0 = not in the step.
+  const std::vector<std::vector<int>> script = {{13, 3, 0}, {17, 1, 0}, {1, 1, 29}, {1, 1, 1},
+                                                {1, 1, 1},  {1, 1, 1},  {1, 1, 1}};
+  for (const auto& step : script) {
+    std::vector<int32_t> tokens;
+    std::vector<SequenceStep> seqs;
+    std::vector<int> members;
+    for (int s = 0; s < 3; ++s) {
+      if (step[s] == 0) continue;
+      while (static_cast<int>(seq_tokens[s].size()) < cached[s] + step[s])
+        seq_tokens[s].push_back(7);
+      tokens.insert(tokens.end(), seq_tokens[s].begin() + cached[s],
+                    seq_tokens[s].begin() + cached[s] + step[s]);
+      seqs.push_back({step[s], cached[s], tables[s]});
+      members.push_back(s);
+    }
+    std::vector<float> want(seqs.size() * vocab), got(seqs.size() * vocab);
+    EXPECT_TRUE(cpu.Step({tokens, seqs}, want).ok());
+    const absl::Status status = cuda.Step({tokens, seqs}, got);
+    EXPECT_TRUE(status.ok()) << status;
+    worst = std::max(worst, RelativeError(got, want));
+    for (size_t k = 0; k < members.size(); ++k) {
+      const int s = members[k];
+      cached[s] += step[s];
+      // The next input: the CPU's greedy choice, so both see the same tokens.
+      const auto row = want.begin() + k * vocab;
+      const int32_t pick = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+      if (static_cast<int>(seq_tokens[s].size()) <= cached[s]) {
+        seq_tokens[s].push_back(pick);
+      } else {
+        seq_tokens[s][cached[s]] = pick;
+      }
+    }
+  }
+  return worst;
+}
+
+class CudaBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override { COALESCE_REQUIRE_GPU(); }
+};
+
+TEST_F(CudaBackendTest, Fp32LogitsMatchTheCpuBackend) {
+  struct Case {
+    ModelConfig shape;
+    bool tied, qkv_bias, o_bias;
+  };
+  const Case cases[] = {
+      {Shape(72, 200, 2, 6, 2, 333), false, true, true},    // odd sizes, GQA 3, biases
+      {Shape(64, 172, 3, 8, 4, 512), true, false, false},   // stories260K-like
+      {Shape(96, 160, 2, 3, 1, 1001), false, true, false},  // head size 32, GQA 3
+  };
+  for (const Case& c : cases) {
+    ModelConfig shape = c.shape;
+    shape.tied_classifier = c.tied;
+    shape.qkv_bias = c.qkv_bias;
+    shape.o_bias = c.o_bias;
+    const auto model = RandomModel(shape, 7);
+    for (const int bs : {1, 5, 16}) {
+      SCOPED_TRACE(::testing::Message() << "dim " << shape.dim << " block size " << bs);
+      auto cuda = MakeCuda(model, Precision::kFp32, bs);
+      auto cpu = MakeCpu(model, bs);
+      ASSERT_NE(cuda, nullptr);
+      ASSERT_NE(cpu, nullptr);
+      const double err = WorstLogitError(*cuda, *cpu);
+      std::printf("fp32 logits vs CPU: dim %d bs %d worst relative error %.3g\n", shape.dim, bs,
+                  err);
+      EXPECT_LT(err, 1e-4);
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, HalfPrecisionLogitsStayCloseToTheCpuBackend) {
+  ModelConfig shape = Shape(72, 200, 2, 6, 2, 333);
+  shape.qkv_bias = true;
+  const auto model = RandomModel(shape, 8);
+  for (const Precision p : {Precision::kBf16, Precision::kFp16}) {
+    auto cuda = MakeCuda(model, p, 16);
+    auto cpu = MakeCpu(model, 16);
+    ASSERT_NE(cuda, nullptr);
+    const double err = WorstLogitError(*cuda, *cpu);
+    std::printf("%s logits vs CPU fp32: worst relative error %.3g\n", PrecisionName(p), err);
+    EXPECT_LT(err, p == Precision::kBf16 ? 5e-2 : 1e-2);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// stories260K goldens (golden.json, from llama2.c's run.c)
+// ---------------------------------------------------------------------------
+
+// The integer arrays named `key` in golden.json, in order. (The GPU check
+// machine has no JSON library; the file's arrays are flat lists of ints.)
+std::vector<std::vector<int32_t>> IntArrays(const std::string& text, const std::string& key) {
+  std::vector<std::vector<int32_t>> out;
+  const std::string needle = "\"" + key + "\": [";
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) {
+    std::vector<int32_t> ids;
+    std::istringstream in(text.substr(at + needle.size(), text.find(']', at) - at - needle.size()));
+    for (std::string item; std::getline(in, item, ',');) ids.push_back(std::stoi(item));
+    out.push_back(ids);
+  }
+  return out;
+}
+
+struct Goldens {
+  std::vector<std::vector<int32_t>> prompts, outputs;
+};
+
+Goldens ReadGoldens() {
+  std::ifstream in(kModels + "/stories260K/golden.json");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return {IntArrays(text, "prompt_ids"), IntArrays(text, "output_ids")};
+}
+
+std::vector<Request> GoldenRequests(const Goldens& g) {
+  std::vector<Request> requests;
+  for (size_t i = 0; i < g.prompts.size(); ++i) {
+    requests.push_back({g.prompts[i], static_cast<int>(g.outputs[i].size())});
+  }
+  return requests;
+}
+
+TEST_F(CudaBackendTest, Stories260KFp32MatchesTheGoldensExactly) {
+  const Goldens g = ReadGoldens();
+  ASSERT_EQ(g.prompts.size(), 2u);
+  ASSERT_EQ(g.outputs.size(), 2u);
+  ASSERT_NE(Stories(), nullptr);
+  for (const bool graphs : {true, false}) {
+    auto cuda = MakeCuda(Stories(), Precision::kFp32, 16, graphs);
+    ASSERT_NE(cuda, nullptr);
+    // Alone, then both together; prompts whole and in chunks of 2.
+    for (const int chunk : {512, 2}) {
+      for (size_t i = 0; i < g.prompts.size(); ++i) {
+        const auto out = Generate(*cuda, {GoldenRequests(g)[i]}, chunk);
+        EXPECT_EQ(out[0], g.outputs[i]) << "case " << i << " alone, graphs " << graphs;
+      }
+      const auto both = Generate(*cuda, GoldenRequests(g), chunk);
+      EXPECT_EQ(both[0], g.outputs[0]) << "batched, graphs " << graphs;
+      EXPECT_EQ(both[1], g.outputs[1]) << "batched, graphs " << graphs;
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, Stories260KBf16AgreementWithTheGoldens) {
+  const Goldens g = ReadGoldens();
+  ASSERT_EQ(g.prompts.size(), 2u);
+  for (const Precision p : {Precision::kBf16, Precision::kFp16}) {
+    auto cuda = MakeCuda(Stories(), p, 16);
+    ASSERT_NE(cuda, nullptr);
+    const auto out = Generate(*cuda, GoldenRequests(g), 512);
+    for (size_t i = 0; i < g.outputs.size(); ++i) {
+      size_t prefix = 0, same = 0;
+      while (prefix < out[i].size() && out[i][prefix] == g.outputs[i][prefix]) ++prefix;
+      for (size_t k = 0; k < out[i].size() && k < g.outputs[i].size(); ++k) {
+        same += out[i][k] == g.outputs[i][k];
+      }
+      std::printf(
+          "%s stories260K case %zu: first %zu of %zu tokens equal the goldens, %zu "
+          "positions equal in all\n",
+          PrecisionName(p), i, prefix, g.outputs[i].size(), same);
+      RecordProperty(std::string(PrecisionName(p)) + "_case" + std::to_string(i) + "_prefix",
+                     static_cast<int>(prefix));
+      EXPECT_GE(prefix, 1u) << "not even the first token agrees";
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Batches, graphs, sampling, bad input
+// ---------------------------------------------------------------------------
+
+std::vector<Request> MixedRequests(const Goldens& g) {
+  std::vector<Request> requests = GoldenRequests(g);
+  for (Request& r : requests) r.outputs = 40;
+  for (int i = 0; i < 5; ++i) {
+    Request r;
+    r.prompt = {1};
+    for (int k = 0; k < 3 + 4 * i; ++k) r.prompt.push_back(50 + (k * 37 + i * 11) % 400);
+    r.outputs = 20 + 7 * i;
+    r.start_step = 2 * i + 1;  // joins while others decode
+    requests.push_back(r);
+  }
+  return requests;
+}
+
+TEST_F(CudaBackendTest, ABatchEqualsTheSameRequestsAlone) {
+  const Goldens g = ReadGoldens();
+  const std::vector<Request> requests = MixedRequests(g);
+  for (const Precision p : {Precision::kFp32, Precision::kBf16}) {
+    auto cuda = MakeCuda(Stories(), p, 16);
+    ASSERT_NE(cuda, nullptr);
+    const auto together = Generate(*cuda, requests, 6);
+    int equal = 0;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      Request alone = requests[i];
+      alone.start_step = 0;
+      const auto out = Generate(*cuda, {alone}, 512);
+      equal += out[0] == together[i];
+      if (p == Precision::kFp32) {
+        EXPECT_EQ(out[0], together[i]) << "request " << i;
+      }
+    }
+    std::printf("%s: %d of %zu requests decode the same in a batch as alone\n", PrecisionName(p),
+                equal, requests.size());
+    EXPECT_GE(equal * 2, static_cast<int>(requests.size())) << PrecisionName(p);
+  }
+}
+
+TEST_F(CudaBackendTest, GraphReplayEqualsEagerSteps) {
+  // Four sequences decode as the bucket of 4 both ways, so the kernels and
+  // cuBLAS calls are the same and the tokens must be identical.
+  const Goldens g = ReadGoldens();
+  std::vector<Request> requests = GoldenRequests(g);
+  requests.push_back({{1, 100, 200}, 60});
+  requests.push_back({{1, 300, 301, 302, 303}, 60});
+  for (Request& r : requests) r.outputs = 60;
+  for (const Precision p : {Precision::kFp32, Precision::kBf16}) {
+    auto graphs = MakeCuda(Stories(), p, 16, true);
+    auto eager = MakeCuda(Stories(), p, 16, false);
+    ASSERT_NE(graphs, nullptr);
+    ASSERT_NE(eager, nullptr);
+    EXPECT_EQ(Generate(*graphs, requests, 512), Generate(*eager, requests, 512))
+        << PrecisionName(p);
+  }
+}
+
+TEST_F(CudaBackendTest, SeededSamplingIsReproducible) {
+  std::vector<Request> requests;
+  for (int i = 0; i < 6; ++i) {
+    Request r;
+    r.prompt = {1, 403, 407};
+    r.outputs = 30;
+    r.params = {.temperature = 0.9f, .top_k = i % 2 == 0 ? 40 : 0, .top_p = i < 3 ? 0.9f : 1.0f};
+    r.seed = 1000 + i;
+    requests.push_back(r);
+  }
+  auto cuda = MakeCuda(Stories(), Precision::kBf16, 16);
+  ASSERT_NE(cuda, nullptr);
+  const auto a = Generate(*cuda, requests, 512);
+  const auto b = Generate(*cuda, requests, 512);
+  EXPECT_EQ(a, b);
+  // Different seeds give different streams.
+  EXPECT_NE(a[0], Generate(*cuda, {Request{{1, 403, 407}, 30, 0, requests[0].params, 7}}, 512)[0]);
+  for (const auto& out : a) {
+    for (int32_t t : out) ASSERT_TRUE(t >= 0 && t < 512) << t;
+  }
+}
+
+TEST_F(CudaBackendTest, BadStepsAreRefusedAndTheBackendKeepsWorking) {
+  auto cuda = MakeCuda(Stories(), Precision::kFp32, 16, true, 8);
+  ASSERT_NE(cuda, nullptr);
+  std::vector<int32_t> table = {0, 1};
+  std::vector<float> logits(512);
+  auto step = [&](std::vector<int32_t> tokens, SequenceStep seq) {
+    return cuda->Step({tokens, std::vector<SequenceStep>{seq}}, logits);
+  };
+  EXPECT_EQ(step({600}, {1, 0, table}).code(), absl::StatusCode::kInvalidArgument);  // token id
+  std::vector<int32_t> far = {9};
+  EXPECT_EQ(step({1}, {1, 0, far}).code(), absl::StatusCode::kInvalidArgument);     // block id
+  EXPECT_EQ(step({1}, {1, 40, table}).code(), absl::StatusCode::kInvalidArgument);  // table short
+  EXPECT_EQ(step(std::vector<int32_t>(513, 1), {513, 0, std::vector<int32_t>(33, 0)}).code(),
+            absl::StatusCode::kInvalidArgument);  // past the context and the step limit
+  ASSERT_TRUE(step({1}, {1, 0, table}).ok());
+  auto cpu = MakeCpu(Stories(), 16);
+  std::vector<float> want(512);
+  const std::vector<int32_t> one = {1};
+  const std::vector<SequenceStep> seqs = {{1, 0, table}};
+  ASSERT_TRUE(cpu->Step({one, seqs}, want).ok());
+  EXPECT_LT(RelativeError(logits, want), 1e-5);
+}
+
+TEST_F(CudaBackendTest, KvCacheSizedFromFreeMemoryAndDescribed) {
+  CudaBackendOptions options;
+  options.kv_memory_fraction = 0.01;
+  auto backend = CreateCudaBackend(Stories(), options);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  const ModelConfig& c = (*backend)->config();
+  EXPECT_EQ((*backend)->kv_bytes_per_token(), 2 * c.n_layers * c.kv_dim() * 2);
+  EXPECT_GT((*backend)->kv_cache().num_blocks, 1000);  // 1% of a big GPU, 5 KiB per block
+  const std::string text = (*backend)->Describe();
+  std::printf("%s\n", text.c_str());
+  EXPECT_NE(text.find("bf16"), std::string::npos);
+  EXPECT_NE(text.find("tokens"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace coalesce::engine

@@ -1,0 +1,199 @@
+// The device rule, the precision rule and the KV sizing of --device, --dtype
+// and --kv_cache_memory (service/backend_factory.h), and the fault injector
+// of --fault_injection. Runs without a GPU: the CUDA side is checked through
+// the options it would be given.
+#include "service/backend_factory.h"
+
+#include <memory>
+#include <vector>
+
+#include "engine/synthetic.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "service/fault_injection.h"
+
+namespace coalesce::service {
+namespace {
+
+using engine::Precision;
+using ::testing::HasSubstr;
+
+ServerOptions Options(Device device, std::optional<Precision> precision = std::nullopt) {
+  ServerOptions o;
+  o.device = device;
+  o.precision = precision;
+  return o;
+}
+
+std::shared_ptr<const engine::Model> TinyModel() {
+  static const auto model = [] {
+    absl::StatusOr<engine::Model> m = engine::BuildSyntheticModel("synthetic:tiny");
+    EXPECT_TRUE(m.ok()) << m.status();
+    return std::make_shared<const engine::Model>(*std::move(m));
+  }();
+  return model;
+}
+
+TEST(PlanBackendTest, AutoTakesTheGpuWhenUsableElseTheCpuAndSaysWhy) {
+  absl::StatusOr<BackendPlan> gpu = PlanBackend(Options(Device::kAuto), true, "");
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_EQ(gpu->device, Device::kCuda);
+  EXPECT_EQ(gpu->precision, Precision::kBf16);
+  EXPECT_EQ(gpu->fallback_reason, "");
+
+  absl::StatusOr<BackendPlan> cpu = PlanBackend(Options(Device::kAuto), false, "no CUDA device");
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(cpu->device, Device::kCpu);
+  EXPECT_EQ(cpu->precision, Precision::kFp32);
+  EXPECT_EQ(cpu->fallback_reason, "no CUDA device");
+}
+
+TEST(PlanBackendTest, CudaWithoutADeviceFailsNamingTheReason) {
+  absl::StatusOr<BackendPlan> plan =
+      PlanBackend(Options(Device::kCuda), false, "built without CUDA");
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(plan.status().message()), HasSubstr("--device=cuda"));
+  EXPECT_THAT(std::string(plan.status().message()), HasSubstr("built without CUDA"));
+}
+
+TEST(PlanBackendTest, CpuIsTheCpuEvenWithAGpu) {
+  absl::StatusOr<BackendPlan> plan = PlanBackend(Options(Device::kCpu), true, "");
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->device, Device::kCpu);
+  EXPECT_EQ(plan->fallback_reason, "");
+}
+
+TEST(PlanBackendTest, DtypeOnCudaIsAnyAndOnTheCpuOnlyFp32) {
+  for (Precision p : {Precision::kBf16, Precision::kFp16, Precision::kFp32}) {
+    absl::StatusOr<BackendPlan> plan = PlanBackend(Options(Device::kCuda, p), true, "");
+    ASSERT_TRUE(plan.ok());
+    EXPECT_EQ(plan->precision, p);
+  }
+  EXPECT_TRUE(PlanBackend(Options(Device::kCpu, Precision::kFp32), false, "").ok());
+  for (Precision p : {Precision::kBf16, Precision::kFp16}) {
+    absl::StatusOr<BackendPlan> plan = PlanBackend(Options(Device::kCpu, p), false, "");
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(plan.status().message()), HasSubstr("fp32 only"));
+  }
+  // When auto fell back to the CPU, the error says why it did.
+  absl::StatusOr<BackendPlan> fallback =
+      PlanBackend(Options(Device::kAuto, Precision::kBf16), false, "no CUDA device (driver)");
+  EXPECT_EQ(fallback.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(fallback.status().message()), HasSubstr("no CUDA device (driver)"));
+}
+
+TEST(KvSizingTest, BlockBytesFollowThePrecision) {
+  const engine::ModelConfig& c = TinyModel()->config;  // 5 layers, kv_dim 32
+  ASSERT_EQ(c.n_layers, 5);
+  ASSERT_EQ(c.kv_dim(), 32);
+  EXPECT_EQ(KvBlockBytesAt(c, 16, Precision::kBf16), 2 * 5 * 16 * 32 * 2);
+  EXPECT_EQ(KvBlockBytesAt(c, 16, Precision::kFp16), 2 * 5 * 16 * 32 * 2);
+  EXPECT_EQ(KvBlockBytesAt(c, 16, Precision::kFp32), engine::KvBlockBytes(c, 16));
+}
+
+TEST(KvSizingTest, CudaAutoAndFractionsAreLeftToTheBackendSizesAreBlocks) {
+  const engine::ModelConfig& c = TinyModel()->config;
+  ServerOptions o = Options(Device::kCuda);
+  o.max_batch_tokens = 512;
+  o.scheduler.max_batch_size = 24;
+  o.cuda_graphs = false;
+  o.kv_block_size = 16;
+
+  absl::StatusOr<engine::CudaBackendOptions> automatic = CudaOptions(o, c, Precision::kBf16);
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  EXPECT_EQ(automatic->num_blocks, 0);
+  EXPECT_DOUBLE_EQ(automatic->kv_memory_fraction, 0.9);
+  EXPECT_EQ(automatic->precision, Precision::kBf16);
+  EXPECT_EQ(automatic->block_size, 16);
+  EXPECT_EQ(automatic->max_batch_tokens, 512);
+  EXPECT_EQ(automatic->max_seqs, 24);
+  EXPECT_FALSE(automatic->cuda_graphs);
+
+  o.kv_cache_memory = "0.5";
+  absl::StatusOr<engine::CudaBackendOptions> fraction = CudaOptions(o, c, Precision::kFp16);
+  ASSERT_TRUE(fraction.ok());
+  EXPECT_EQ(fraction->num_blocks, 0);
+  EXPECT_DOUBLE_EQ(fraction->kv_memory_fraction, 0.5);
+
+  // 1 MiB of 10240-byte bf16 blocks (20480 at fp32).
+  o.kv_cache_memory = "1MiB";
+  EXPECT_EQ(CudaOptions(o, c, Precision::kBf16)->num_blocks, (1 << 20) / 10240);
+  EXPECT_EQ(CudaOptions(o, c, Precision::kFp32)->num_blocks, (1 << 20) / 20480);
+
+  o.kv_cache_memory = "1KiB";  // less than one block
+  EXPECT_EQ(CudaOptions(o, c, Precision::kBf16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(KvSizingTest, CpuKeepsItsMeaning) {
+  const engine::ModelConfig& c = TinyModel()->config;
+  ServerOptions o = Options(Device::kCpu);
+  o.threads = 3;
+  o.kv_cache_memory = "1MiB";
+  absl::StatusOr<engine::CpuBackendOptions> cpu = CpuOptions(o, c, int64_t{1} << 30);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(cpu->kv_cache.block_size, 16);
+  EXPECT_EQ(cpu->kv_cache.num_blocks, (1 << 20) / 20480);
+  EXPECT_EQ(cpu->threads, 3);
+  // auto: max_batch_size (16) sequences of the full context (2048 = 128 blocks).
+  o.kv_cache_memory = "auto";
+  EXPECT_EQ(CpuOptions(o, c, int64_t{1} << 30)->kv_cache.num_blocks, 16 * 128);
+  o.kv_cache_memory = "100";
+  EXPECT_EQ(CpuOptions(o, c, int64_t{1} << 30).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CreateBackendTest, CpuRunsTheCpuBackend) {
+  ServerOptions o = Options(Device::kCpu);
+  o.kv_cache_memory = "1MiB";
+  absl::StatusOr<std::unique_ptr<engine::Backend>> backend = CreateBackend(o, TinyModel());
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  EXPECT_EQ((*backend)->name(), "cpu");
+  EXPECT_EQ((*backend)->kv_cache().num_blocks, (1 << 20) / 20480);
+}
+
+TEST(CreateBackendTest, WithoutAGpuAutoIsTheCpuAndCudaAnError) {
+  std::string why;
+  if (engine::CudaDeviceUsable(&why)) GTEST_SKIP() << "a CUDA device is usable here";
+  ServerOptions o = Options(Device::kAuto);
+  o.kv_cache_memory = "1MiB";
+  absl::StatusOr<std::unique_ptr<engine::Backend>> automatic = CreateBackend(o, TinyModel());
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  EXPECT_EQ((*automatic)->name(), "cpu");
+
+  o.device = Device::kCuda;
+  absl::StatusOr<std::unique_ptr<engine::Backend>> cuda = CreateBackend(o, TinyModel());
+  EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(cuda.status().message()), HasSubstr(why));
+}
+
+TEST(FaultInjectionTest, StepsWorkUntilTheCountThenTheDeviceIsLostForGood) {
+  ServerOptions o = Options(Device::kCpu);
+  o.kv_cache_memory = "1MiB";
+  o.fault_device_lost_after_steps = 2;
+  absl::StatusOr<std::unique_ptr<engine::Backend>> backend = CreateBackend(o, TinyModel());
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  engine::Backend& b = **backend;
+  EXPECT_EQ(b.name(), "cpu");
+  EXPECT_THAT(b.Describe(), HasSubstr("TESTING"));
+
+  // One sequence, one token per step, in block 0.
+  const std::vector<int32_t> table = {0};
+  std::vector<engine::SampleSpec> sampling(1);
+  std::vector<int32_t> next(1);
+  int32_t token = 1;
+  for (int pos = 0; pos < 4; ++pos) {
+    const std::vector<int32_t> tokens = {token};
+    const std::vector<engine::SequenceStep> seqs = {{1, pos, table}};
+    absl::Status status = b.StepAndSample({tokens, seqs}, sampling, std::span<int32_t>(next));
+    if (pos < 2) {
+      ASSERT_TRUE(status.ok()) << status;
+      token = next[0];
+    } else {
+      EXPECT_EQ(status.code(), engine::kDeviceLostCode) << "step " << pos;
+      EXPECT_THAT(std::string(status.message()), HasSubstr("--fault_injection"));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace coalesce::service

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The GPU check. On a machine with an NVIDIA GPU, the CUDA toolkit, CMake and a
+# C++ compiler (and nothing else: no gRPC, Protobuf, prometheus-cpp or
+# network), from the repository root:
+#
+#   tools/gpu/check.sh
+#
+# builds the engine alone with its CUDA backend, its CUDA tests and
+# coalesce-gpu-bench; runs the kernel tests against the CPU arithmetic; runs
+# the backend tests (logits against the CPU backend, stories260K's goldens in
+# FP32 exactly and in BF16 as agreement, a batch against the same requests
+# alone, graphs against eager steps); then benchmarks the 1B and 8B shapes.
+# The summary comes last. Logs go to $OUT (or build-gpucheck/out).
+#
+# What the machine lacks comes in .gpucheck/, which tools/gpu/prepare.sh fills
+# on a development machine: Abseil (headers and shared libraries), the
+# googletest sources, stories260K, and the commit being checked. (Debian's
+# Abseil headers predate GCC 13, which no longer pulls <cstdint> in through
+# other headers: hence the forced include.)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+out=${OUT:-$root/build-gpucheck/out}
+mkdir -p "$out"
+if [[ ! -d .gpucheck/absl || ! -d .gpucheck/models/stories260K ]]; then
+  echo "check.sh: .gpucheck/ is missing or incomplete; run tools/gpu/prepare.sh first" >&2
+  exit 2
+fi
+
+summary=()
+step() {  # step NAME COMMAND...: runs it, logs to $out/NAME.log, records the outcome
+  local name=$1
+  shift
+  local start=$SECONDS
+  echo "=== $name: $*"
+  "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-14s %-4s %4ds' "$name" "$([[ $rc == 0 ]] && echo ok || echo FAIL)" $((SECONDS - start)))")
+  return $rc
+}
+
+{
+  echo "date:    $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "commit:  $(cat .gpucheck/COMMIT 2>/dev/null || echo unknown)"
+  echo "command: tools/gpu/check.sh"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem \
+    --format=csv,noheader 2>&1 | sed 's/^/gpu:     /'
+  echo "nvcc:    $(nvcc --version 2>/dev/null | tail -1)"
+  echo "c++:     $(c++ --version | head -1)"
+} | tee "$out/environment.txt"
+
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+if step configure cmake -S . -B build-gpucheck "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DCOALESCE_ENGINE_ONLY=ON -DCOALESCE_HF_FORMATS=OFF -DCOALESCE_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 \
+  "-DCMAKE_CXX_FLAGS=-include cstdint" \
+  -DCMAKE_PREFIX_PATH="$root/.gpucheck/absl" \
+  -DCOALESCE_GTEST_SOURCE="$root/.gpucheck/googletest" \
+  -DCOALESCE_MODELS_DIR="$root/.gpucheck/models" &&
+  step build cmake --build build-gpucheck -j"$(nproc)" \
+    --target cuda_kernels_test cuda_backend_test coalesce-gpu-bench; then
+  export LD_LIBRARY_PATH="$root/.gpucheck/absl/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # Time limits, so that a hang cannot eat the machine's whole lease.
+  step kernel_tests timeout 180 build-gpucheck/bin/cuda_kernels_test \
+    --gtest_output="xml:$out/kernels.xml"
+  step backend_tests timeout 240 build-gpucheck/bin/cuda_backend_test \
+    --gtest_output="xml:$out/backend.xml"
+  step bench timeout 300 build-gpucheck/bin/coalesce-gpu-bench
+else
+  tail -40 "$out/configure.log" "$out/build.log" 2>/dev/null
+fi
+
+echo
+for log in kernel_tests backend_tests; do
+  [[ -f $out/$log.log ]] && grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|Failure|relative error|goldens|decode the same|cuda:' "$out/$log.log" | head -40
+done
+[[ -f $out/bench.log ]] && cat "$out/bench.log"
+echo
+echo "summary:"
+printf '  %s\n' "${summary[@]}"

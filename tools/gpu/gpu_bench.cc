@@ -1,0 +1,309 @@
+// coalesce-gpu-bench: the CUDA backend against the device's limits, for
+// synthetic models in the shapes of Llama 3.2 1B and Llama 3 8B, in BF16,
+// decoding at a context of 512 prompt + 128 generated tokens.
+//
+// Measured in the same run, on the same device:
+//   - the memory bandwidth: a large device-to-device copy (bytes read plus
+//     bytes written over the time);
+//   - the BF16 matrix rate: an 8192^3 cuBLAS product;
+//   - decode at batch 1 over positions 512..639: time per token against the
+//     floor of weight bytes (plus the KV cache read) over that bandwidth;
+//   - decode at batch 1, 2, 4, ..., 256: tokens/s, time per step, achieved
+//     bandwidth and TFLOP/s, and throughput relative to batch 1;
+//   - CUDA graphs on against off (1B, batch 1 and 8);
+//   - a 512-token prefill.
+// Weights are random, filled on the device; the KV cache is filled with
+// random values so that decoding can start at position 512 without a prefill.
+//
+// Usage: coalesce-gpu-bench [--shapes=1b,8b] [--quick]
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/kernels.h"
+
+namespace coalesce::engine {
+namespace {
+
+constexpr int kPrompt = 512, kGenerated = 128, kBlockSize = 16, kMaxBatch = 256;
+
+#define CHECK_CUDA(expr)                                                     \
+  do {                                                                       \
+    if (const cudaError_t e = (expr); e != cudaSuccess) {                    \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e)); \
+      std::exit(1);                                                          \
+    }                                                                        \
+  } while (false)
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Bytes read plus bytes written per second by a 2 GiB device-to-device copy.
+double MeasureBandwidth() {
+  const size_t bytes = size_t{2} << 30;
+  void *a = nullptr, *b = nullptr;
+  CHECK_CUDA(cudaMalloc(&a, bytes));
+  CHECK_CUDA(cudaMalloc(&b, bytes));
+  CHECK_CUDA(cudaMemset(a, 1, bytes));
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  std::vector<double> seconds;
+  for (int i = 0; i < 13; ++i) {
+    CHECK_CUDA(cudaEventRecord(start));
+    CHECK_CUDA(cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice));
+    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    if (i >= 3) seconds.push_back(ms / 1e3);
+  }
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * bytes / Median(seconds);
+}
+
+// FLOP/s of an 8192^3 BF16 product with FP32 accumulation, on random data.
+double MeasureMatmulRate() {
+  const int n = 8192;
+  const size_t elems = size_t{n} * n;
+  __nv_bfloat16 *a, *b, *c;
+  CHECK_CUDA(cudaMalloc(&a, elems * 2));
+  CHECK_CUDA(cudaMalloc(&b, elems * 2));
+  CHECK_CUDA(cudaMalloc(&c, elems * 2));
+  CHECK_CUDA(cuda::FillUniform(a, elems, 1, 1.0f, 0.0f, nullptr));
+  CHECK_CUDA(cuda::FillUniform(b, elems, 2, 1.0f, 0.0f, nullptr));
+  cublasHandle_t handle;
+  cublasCreate(&handle);
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  const float alpha = 1, beta = 0;
+  std::vector<double> seconds;
+  for (int i = 0; i < 13; ++i) {
+    CHECK_CUDA(cudaEventRecord(start));
+    if (cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b,
+                     CUDA_R_16BF, n, &beta, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "cublasGemmEx failed\n");
+      std::exit(1);
+    }
+    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    if (i >= 3) seconds.push_back(ms / 1e3);
+  }
+  cublasDestroy(handle);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return 2.0 * n * n * double{n} / Median(seconds);
+}
+
+struct Shape {
+  const char* name;
+  ModelConfig config;
+};
+
+ModelConfig LlamaShape(int dim, int hidden, int layers, int heads, int kv_heads, bool tied) {
+  ModelConfig c;
+  c.dim = dim;
+  c.hidden_dim = hidden;
+  c.n_layers = layers;
+  c.n_heads = heads;
+  c.n_kv_heads = kv_heads;
+  c.vocab_size = 128256;
+  c.max_seq_len = 2048;
+  c.rope_theta = 500000.0f;
+  c.tied_classifier = tied;
+  return c;
+}
+
+std::unique_ptr<Backend> MakeBackend(const ModelConfig& config, bool graphs, int max_batch) {
+  auto model = std::make_shared<Model>();
+  model->config = config;
+  model->config.name = "bench";
+  CudaBackendOptions options;
+  options.precision = Precision::kBf16;
+  options.block_size = kBlockSize;
+  options.num_blocks = max_batch * ((kPrompt + kGenerated) / kBlockSize + 1);
+  options.max_batch_tokens = std::max(kPrompt, max_batch);
+  options.max_seqs = max_batch;
+  options.cuda_graphs = graphs;
+  options.random_weights = true;
+  options.fill_kv_cache_random = true;
+  auto backend = CreateCudaBackend(std::move(model), options);
+  if (!backend.ok()) {
+    std::fprintf(stderr, "CreateCudaBackend: %s\n", backend.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *std::move(backend);
+}
+
+// Decodes `batch` sequences from position `start` for `steps` steps after
+// `warmup` steps; returns the seconds per step (host wall time around each
+// step, which waits for the device: what a server sees).
+double TimeDecode(Backend& backend, int batch, int start, int steps, int warmup) {
+  const int blocks_each = (kPrompt + kGenerated) / kBlockSize + 1;
+  std::vector<std::vector<int32_t>> tables(batch, std::vector<int32_t>(blocks_each));
+  for (int s = 0; s < batch; ++s) std::iota(tables[s].begin(), tables[s].end(), s * blocks_each);
+  std::vector<int32_t> tokens(batch), next(batch);
+  for (int s = 0; s < batch; ++s) tokens[s] = 1000 + 17 * s;
+  std::vector<SequenceStep> seqs(batch);
+  std::vector<SampleSpec> specs(batch);
+  double total = 0;
+  for (int i = 0; i < warmup + steps; ++i) {
+    const int pos = start + i - warmup;
+    for (int s = 0; s < batch; ++s) seqs[s] = {1, std::max(pos, 0), tables[s]};
+    const auto t0 = std::chrono::steady_clock::now();
+    const absl::Status status = backend.StepAndSample({tokens, seqs}, specs, next);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (!status.ok()) {
+      std::fprintf(stderr, "decode step: %s\n", status.ToString().c_str());
+      std::exit(1);
+    }
+    tokens = next;
+    if (i >= warmup) total += std::chrono::duration<double>(t1 - t0).count();
+  }
+  return total / steps;
+}
+
+double TimePrefill(Backend& backend, int length) {
+  const int blocks = (length + kBlockSize - 1) / kBlockSize;
+  std::vector<int32_t> table(blocks), tokens(length), next(1);
+  std::iota(table.begin(), table.end(), 0);
+  for (int i = 0; i < length; ++i) tokens[i] = (i * 7919) % 128000;
+  const std::vector<SequenceStep> seqs = {{length, 0, table}};
+  const std::vector<SampleSpec> specs(1);
+  std::vector<double> seconds;
+  for (int i = 0; i < 6; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const absl::Status status = backend.StepAndSample({tokens, seqs}, specs, next);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (!status.ok()) {
+      std::fprintf(stderr, "prefill: %s\n", status.ToString().c_str());
+      std::exit(1);
+    }
+    if (i > 0) seconds.push_back(std::chrono::duration<double>(t1 - t0).count());
+  }
+  return Median(seconds);
+}
+
+void BenchShape(const Shape& shape, double bandwidth, bool quick) {
+  const ModelConfig& c = shape.config;
+  auto backend = MakeBackend(c, /*graphs=*/true, kMaxBatch);
+  std::printf("\n## %s shape (dim %d, %d layers, %d/%d heads, hidden %d, vocab %d), bf16\n",
+              shape.name, c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.hidden_dim, c.vocab_size);
+  std::printf("%s\n", backend->Describe().c_str());
+  const double weight_bytes = static_cast<double>(backend->weight_bytes());
+  const double kv_token = static_cast<double>(backend->kv_bytes_per_token());
+  const double matmul_params = weight_bytes / 2;  // bf16
+  const double attn_flops_per_pos = 4.0 * c.n_heads * c.head_dim() * c.n_layers;
+
+  // Batch 1 over the whole generation: positions 512..639.
+  const double t1 = TimeDecode(*backend, 1, kPrompt, kGenerated, 4);
+  const double avg_ctx = kPrompt + kGenerated / 2.0;
+  const double floor1 = (weight_bytes + avg_ctx * kv_token) / bandwidth;
+  std::printf(
+      "\nbatch 1 decode over positions %d..%d: %.3f ms/token; floor (%.2f GB weights + "
+      "KV over %.0f GB/s) %.3f ms: %.1f%% of the bandwidth limit\n",
+      kPrompt, kPrompt + kGenerated - 1, t1 * 1e3, weight_bytes / 1e9, bandwidth / 1e9,
+      floor1 * 1e3, 100.0 * floor1 / t1);
+
+  std::printf("\n| batch | ms/step | tokens/s | x batch 1 | GB/s | %% of bandwidth | TFLOP/s |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|\n");
+  double base = 0;
+  for (int batch = 1; batch <= kMaxBatch; batch *= 2) {
+    const int steps = quick ? 8 : 32;
+    const double t = TimeDecode(*backend, batch, kPrompt, steps, 3);
+    const double ctx = kPrompt + steps / 2.0;
+    const double bytes = weight_bytes + batch * ctx * kv_token;
+    const double flops = batch * (2.0 * matmul_params + attn_flops_per_pos * ctx);
+    const double tps = batch / t;
+    if (batch == 1) base = tps;
+    std::printf("| %d | %.3f | %.0f | %.1f | %.0f | %.1f | %.1f |\n", batch, t * 1e3, tps,
+                tps / base, bytes / t / 1e9, 100.0 * bytes / t / bandwidth, flops / t / 1e12);
+  }
+  const double prefill = TimePrefill(*backend, kPrompt);
+  std::printf("\nprefill of %d tokens (one sequence): %.2f ms, %.0f tokens/s, %.1f TFLOP/s\n",
+              kPrompt, prefill * 1e3, kPrompt / prefill,
+              kPrompt * 2.0 * matmul_params / prefill / 1e12);
+}
+
+void BenchGraphs(const Shape& shape) {
+  std::printf("\n## CUDA graphs on against off, %s shape, bf16, decode at position %d\n\n",
+              shape.name, kPrompt);
+  std::printf(
+      "| batch | graphs on ms/step | graphs off ms/step | speed-up |\n|---:|---:|---:|---:|\n");
+  double on[2], off[2];
+  {
+    auto backend = MakeBackend(shape.config, true, 8);
+    on[0] = TimeDecode(*backend, 1, kPrompt, 64, 4);
+    on[1] = TimeDecode(*backend, 8, kPrompt, 64, 4);
+  }
+  {
+    auto backend = MakeBackend(shape.config, false, 8);
+    off[0] = TimeDecode(*backend, 1, kPrompt, 64, 4);
+    off[1] = TimeDecode(*backend, 8, kPrompt, 64, 4);
+  }
+  const int batches[2] = {1, 8};
+  for (int i = 0; i < 2; ++i) {
+    std::printf("| %d | %.3f | %.3f | %.2fx |\n", batches[i], on[i] * 1e3, off[i] * 1e3,
+                off[i] / on[i]);
+  }
+}
+
+int Main(int argc, char** argv) {
+  std::string shapes = "1b,8b";
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--shapes=", 9) == 0) {
+      shapes = argv[i] + 9;
+    } else if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else {
+      std::fprintf(stderr, "usage: coalesce-gpu-bench [--shapes=1b,8b] [--quick]\n");
+      return 2;
+    }
+  }
+  std::string why;
+  if (!CudaDeviceUsable(&why)) {
+    std::fprintf(stderr, "coalesce-gpu-bench: %s\n", why.c_str());
+    return 1;
+  }
+  cudaDeviceProp props{};
+  CHECK_CUDA(cudaGetDeviceProperties(&props, 0));
+  std::printf("# coalesce-gpu-bench on %s (%d SMs, %.1f GiB)\n", props.name,
+              props.multiProcessorCount, props.totalGlobalMem / double(1 << 30));
+  const double bandwidth = MeasureBandwidth();
+  const double matmul = MeasureMatmulRate();
+  std::printf(
+      "\nmeasured: device-to-device copy %.0f GB/s (read + write); bf16 8192^3 cuBLAS "
+      "product %.0f TFLOP/s\n",
+      bandwidth / 1e9, matmul / 1e12);
+  const Shape one_b = {"Llama-3.2-1B", LlamaShape(2048, 8192, 16, 32, 8, true)};
+  const Shape eight_b = {"Llama-3-8B", LlamaShape(4096, 14336, 32, 32, 8, false)};
+  if (shapes.find("1b") != std::string::npos) BenchShape(one_b, bandwidth, quick);
+  if (shapes.find("8b") != std::string::npos) BenchShape(eight_b, bandwidth, quick);
+  if (shapes.find("1b") != std::string::npos) BenchGraphs(one_b);
+  return 0;
+}
+
+}  // namespace
+}  // namespace coalesce::engine
+
+int main(int argc, char** argv) { return coalesce::engine::Main(argc, argv); }
