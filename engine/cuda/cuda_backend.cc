@@ -39,6 +39,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "engine/cuda/kernels.h"
 
 namespace coalesce::engine {
@@ -305,6 +306,9 @@ class CudaBackend final : public Backend {
   absl::Status Forward(int rows, int seqs, bool sample);
   absl::Status Gemm(const T* x, int rows, int in, const T* w, int out, float* y);
   int NumSplits(int rows) const;
+  // With options_.stage_times: records an event that ends `stage` (nullptr:
+  // the start of the step).
+  absl::Status Mark(const char* stage);
   absl::Status CaptureDecodeGraph(int bucket);
   absl::Status Check(absl::Status status);  // records a lost device
 
@@ -347,11 +351,15 @@ class CudaBackend final : public Backend {
 
   std::map<int, cudaGraphExec_t> graphs_;  // decode bucket -> graph
   std::vector<int32_t> block_owner_;       // ValidateStep's scratch
+  std::vector<cudaEvent_t> marks_;         // Mark's events, reused each step
+  std::vector<const char*> mark_names_;    // [marks_.size()] the stage each ends
+  size_t num_marks_ = 0;                   // marks recorded in this step
 };
 
 template <typename T>
 CudaBackend<T>::~CudaBackend() {
   for (auto& [bucket, exec] : graphs_) cudaGraphExecDestroy(exec);
+  for (cudaEvent_t event : marks_) cudaEventDestroy(event);
   if (cublas_ != nullptr) cublas_api_->destroy(cublas_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
@@ -589,7 +597,25 @@ absl::Status CudaBackend<T>::AllocateKvCache() {
 }
 
 template <typename T>
+absl::Status CudaBackend<T>::Mark(const char* stage) {
+  if (options_.stage_times == nullptr) return absl::OkStatus();
+  if (num_marks_ == marks_.size()) {
+    cudaEvent_t event = nullptr;
+    CUDA_RETURN_IF_ERROR(cudaEventCreate(&event));
+    marks_.push_back(event);
+    mark_names_.push_back(nullptr);
+  }
+  mark_names_[num_marks_] = stage;
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(marks_[num_marks_++], stream_));
+  return absl::OkStatus();
+}
+
+template <typename T>
 absl::Status CudaBackend<T>::Gemm(const T* x, int rows, int in, const T* w, int out, float* y) {
+  if (options_.skinny_gemm && rows <= cuda::kMaxSkinnyRows && cuda::SkinnyGemmSupported<T>(in)) {
+    CUDA_RETURN_IF_ERROR(cuda::SkinnyGemm<T>(x, rows, in, w, out, y, stream_));
+    return absl::OkStatus();
+  }
   // Row-major y[rows, out] = x[rows, in] . w[out, in]^T is, column-major,
   // y^T[out, rows] = (w viewed as [in, out])^T . (x viewed as [in, rows]).
   const float alpha = 1.0f, beta = 0.0f;
@@ -609,6 +635,7 @@ absl::Status CudaBackend<T>::Forward(int rows, int seqs, bool sample) {
   const float eps = c_.norm_eps;
   float* x = x_.get<float>();
   float* delta = delta_.get<float>();
+  float* qkv = qkv_.get<float>();
   T* x_norm = x_norm_.get<T>();
 
   cuda::AttentionShape shape;
@@ -621,54 +648,58 @@ absl::Status CudaBackend<T>::Forward(int rows, int seqs, bool sample) {
   shape.num_splits = NumSplits(rows);
   shape.q_stride = qkv_width;
 
+  num_marks_ = 0;
+  RETURN_IF_ERROR(Mark(nullptr));
   CUDA_RETURN_IF_ERROR(
       cuda::EmbedTokens<T>(embedding_.get<T>(), meta + m.tokens, rows, dim, x, stream_));
+  RETURN_IF_ERROR(Mark("embedding"));
   for (int l = 0; l < c_.n_layers; ++l) {
     const Layer& w = layers_[l];
+    // Attention block; the first norm also adds the previous layer's output.
     CUDA_RETURN_IF_ERROR(cuda::RmsNorm<T>(x, l == 0 ? nullptr : delta, nullptr,
                                           w.attn_norm.get<float>(), nullptr, rows, dim, eps, x_norm,
                                           stream_));
-    if (absl::Status s = Gemm(x_norm, rows, dim, w.wqkv.get<T>(), qkv_width, qkv_.get<float>());
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(Mark("rmsnorm"));
+    RETURN_IF_ERROR(Gemm(x_norm, rows, dim, w.wqkv.get<T>(), qkv_width, qkv));
+    RETURN_IF_ERROR(Mark("qkv projection"));
     CUDA_RETURN_IF_ERROR(cuda::RopeAndCacheKv<T>(
-        qkv_.get<float>(), c_.qkv_bias ? w.bqkv.get<float>() : nullptr, rope_cos_.get<float>(),
+        qkv, c_.qkv_bias ? w.bqkv.get<float>() : nullptr, rope_cos_.get<float>(),
         rope_sin_.get<float>(), meta + m.positions, meta + m.slots, rows, c_.n_heads, c_.n_kv_heads,
         hd, KCache(l), VCache(l), stream_));
+    RETURN_IF_ERROR(Mark("rope + kv write"));
     CUDA_RETURN_IF_ERROR(cuda::PagedAttention<T>(
-        qkv_.get<float>(), KCache(l), VCache(l), meta + m.positions, meta + m.token_seq,
-        meta + m.block_tables, shape, partial_out_.get<float>(), partial_ml_.get<float>(),
-        att_.get<T>(), stream_));
-    if (absl::Status s = Gemm(att_.get<T>(), rows, dim, w.wo.get<T>(), dim, delta); !s.ok()) {
-      return s;
-    }
+        qkv, KCache(l), VCache(l), meta + m.positions, meta + m.token_seq, meta + m.block_tables,
+        shape, partial_out_.get<float>(), partial_ml_.get<float>(), att_.get<T>(), stream_));
+    RETURN_IF_ERROR(Mark("attention"));
+    RETURN_IF_ERROR(Gemm(att_.get<T>(), rows, dim, w.wo.get<T>(), dim, delta));
+    RETURN_IF_ERROR(Mark("output projection"));
+    // Feed-forward block.
     CUDA_RETURN_IF_ERROR(cuda::RmsNorm<T>(x, delta, c_.o_bias ? w.bo.get<float>() : nullptr,
                                           w.ffn_norm.get<float>(), nullptr, rows, dim, eps, x_norm,
                                           stream_));
-    if (absl::Status s = Gemm(x_norm, rows, dim, w.w13.get<T>(), 2 * hidden, gate_up_.get<float>());
-        !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(Mark("rmsnorm"));
+    RETURN_IF_ERROR(Gemm(x_norm, rows, dim, w.w13.get<T>(), 2 * hidden, gate_up_.get<float>()));
+    RETURN_IF_ERROR(Mark("gate/up projection"));
     CUDA_RETURN_IF_ERROR(
         cuda::SwiGlu<T>(gate_up_.get<float>(), rows, hidden, act_.get<T>(), stream_));
-    if (absl::Status s = Gemm(act_.get<T>(), rows, hidden, w.w2.get<T>(), dim, delta); !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(Mark("swiglu"));
+    RETURN_IF_ERROR(Gemm(act_.get<T>(), rows, hidden, w.w2.get<T>(), dim, delta));
+    RETURN_IF_ERROR(Mark("down projection"));
   }
+  // The last row of each sequence: final norm (+ the last residual),
+  // classifier, sampling.
   CUDA_RETURN_IF_ERROR(cuda::RmsNorm<T>(x, delta, nullptr, final_norm_.get<float>(),
                                         meta + m.last_row, seqs, dim, eps, last_.get<T>(),
                                         stream_));
+  RETURN_IF_ERROR(Mark("final rmsnorm"));
   const T* classifier = classifier_.bytes() > 0 ? classifier_.get<T>() : embedding_.get<T>();
-  if (absl::Status s =
-          Gemm(last_.get<T>(), seqs, dim, classifier, c_.vocab_size, logits_.get<float>());
-      !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(Gemm(last_.get<T>(), seqs, dim, classifier, c_.vocab_size, logits_.get<float>()));
+  RETURN_IF_ERROR(Mark("classifier"));
   if (sample) {
     CUDA_RETURN_IF_ERROR(cuda::SampleTokens(
         logits_.get<float>(), reinterpret_cast<const cuda::DeviceSampleSpec*>(meta + m.specs), seqs,
         c_.vocab_size, probs_.get<float>(), next_tokens_.get<int32_t>(), stream_));
+    RETURN_IF_ERROR(Mark("sampling"));
   }
   return absl::OkStatus();
 }
@@ -713,7 +744,7 @@ absl::Status CudaBackend<T>::Run(const StepBatch& batch, std::span<const SampleS
   if (total == 0) return absl::OkStatus();
 
   // A decode step (one token per sequence) runs as its bucket's graph.
-  bool decode = sample && options_.cuda_graphs;
+  bool decode = sample && options_.cuda_graphs && options_.stage_times == nullptr;
   for (const SequenceStep& seq : batch.seqs) decode = decode && seq.num_tokens == 1;
   const int seqs = decode ? DecodeBucket(n, max_seqs_) : n;
   const int rows = decode ? seqs : total;
@@ -780,6 +811,20 @@ absl::Status CudaBackend<T>::Execute(size_t meta_bytes, int rows, int seqs, bool
   }
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   if (sample) std::copy_n(tokens_host_.get<int32_t>(), n, tokens.begin());
+  if (StageTimes* times = options_.stage_times.get(); times != nullptr) {
+    for (size_t i = 1; i < num_marks_; ++i) {
+      float ms = 0.0f;
+      CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, marks_[i - 1], marks_[i]));
+      const auto at = std::find(times->names.begin(), times->names.end(), mark_names_[i]);
+      if (at == times->names.end()) {
+        times->names.push_back(mark_names_[i]);
+        times->seconds.push_back(ms / 1e3);
+      } else {
+        times->seconds[at - times->names.begin()] += ms / 1e3;
+      }
+    }
+    ++times->steps;
+  }
   // The first decode step of a bucket ran eagerly, which also loaded every
   // kernel it needs; now capture it for the next ones.
   if (decode && graph == graphs_.end()) return CaptureDecodeGraph(seqs);

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/backend.h"
@@ -34,6 +35,15 @@ const char* PrecisionName(Precision precision);
 // Parses "bf16" / "fp16" / "fp32"; InvalidArgument otherwise.
 absl::StatusOr<Precision> ParsePrecision(const std::string& text);
 
+// Where a step's device time goes, for benchmarks: with
+// CudaBackendOptions::stage_times set, every step runs eagerly (no graphs)
+// with a CUDA event after each stage, and each stage's time is added here.
+struct StageTimes {
+  std::vector<std::string> names;  // stages, in the order first seen
+  std::vector<double> seconds;     // [names.size()] summed over steps and layers
+  int steps = 0;
+};
+
 struct CudaBackendOptions {
   int device = 0;                          // CUDA device ordinal
   Precision precision = Precision::kBf16;  // weights and KV cache
@@ -45,6 +55,11 @@ struct CudaBackendOptions {
   int max_batch_tokens = 2048;  // tokens in one step at most
   int max_seqs = 256;           // sequences in one step at most
   bool cuda_graphs = true;      // replay captured graphs for decode steps
+  // Steps of at most cuda::kMaxSkinnyRows tokens apply the weights with our
+  // own skinny product (cuda/kernels.h) instead of cuBLAS: it reads the
+  // weights closer to the memory bandwidth (coalesce-gpu-bench compares).
+  bool skinny_gemm = true;
+  std::shared_ptr<StageTimes> stage_times;  // benchmarks only
   // Benchmarks of large shapes: fill the weights on the device from this
   // seed (uniform in +-1/sqrt(fan_in)) instead of copying model.weights,
   // which may then be empty.

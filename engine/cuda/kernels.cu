@@ -168,6 +168,78 @@ __global__ void SwiGluKernel(const float* gate_up, int64_t rows, int hidden, T* 
 }
 
 // ---------------------------------------------------------------------------
+// Skinny matrix product
+// ---------------------------------------------------------------------------
+
+// 16 bytes of T as floats.
+template <typename T>
+struct Vec16 {
+  static constexpr int kSize = 16 / sizeof(T);
+};
+
+__device__ __forceinline__ void Unpack(const uint4& v, float (&out)[4], float) {
+  out[0] = __uint_as_float(v.x);
+  out[1] = __uint_as_float(v.y);
+  out[2] = __uint_as_float(v.z);
+  out[3] = __uint_as_float(v.w);
+}
+__device__ __forceinline__ void Unpack(const uint4& v, float (&out)[8], __nv_bfloat16) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    __nv_bfloat162 pair;
+    memcpy(&pair, &words[i], sizeof(pair));
+    const float2 f = __bfloat1622float2(pair);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void Unpack(const uint4& v, float (&out)[8], __half) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    __half2 pair;
+    memcpy(&pair, &words[i], sizeof(pair));
+    const float2 f = __half22float2(pair);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+constexpr int kSkinnyThreads = 256;
+
+template <typename T, int R>
+__global__ void __launch_bounds__(kSkinnyThreads)
+    SkinnyGemmKernel(const T* x, int k, const T* w, int out, float* y) {
+  constexpr int kVec = Vec16<T>::kSize;
+  const int o = (blockIdx.x * kSkinnyThreads + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (o >= out) return;  // whole warps leave together
+  const uint4* w_row = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(o) * k);
+  const int num_vecs = k / kVec;
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+#pragma unroll 4
+  for (int i = lane; i < num_vecs; i += 32) {
+    float wf[kVec];
+    Unpack(__ldg(w_row + i), wf, T{});
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float xf[kVec];
+      Unpack(__ldg(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(r) * k) + i), xf, T{});
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) acc[r] += wf[j] * xf[j];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float sum = WarpSum(acc[r]);
+    if (lane == 0) y[static_cast<int64_t>(r) * out + o] = sum;
+  }
+}
+
+// ---------------------------------------------------------------------------
 // Paged attention
 // ---------------------------------------------------------------------------
 
@@ -224,13 +296,34 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   for (int base = begin; base < end; base += kAttnTile) {
     const int n = min(kAttnTile, end - base);
     __syncthreads();  // the previous tile is consumed; q_group is written
-    for (int i = threadIdx.x; i < n * hd; i += blockDim.x) {
-      const int j = i / hd, d = i - j * hd, p = base + j;
-      const int64_t slot =
-          static_cast<int64_t>(table[p / s.block_size]) * s.block_size + p % s.block_size;
-      const int64_t offset = slot * kv_dim + static_cast<int64_t>(g) * hd + d;
-      k_tile[j * k_stride + d] = ToFloat(k_cache[offset]);
-      v_tile[j * hd + d] = ToFloat(v_cache[offset]);
+    constexpr int kVec = Vec16<T>::kSize;
+    if (hd % kVec == 0) {
+      // 16-byte loads: a head's row is whole vectors, and so is every row
+      // offset (kv_dim and g * hd are multiples of head_dim).
+      const int vecs = hd / kVec;
+      for (int i = threadIdx.x; i < n * vecs; i += blockDim.x) {
+        const int j = i / vecs, d = (i - j * vecs) * kVec, p = base + j;
+        const int64_t slot =
+            static_cast<int64_t>(table[p / s.block_size]) * s.block_size + p % s.block_size;
+        const int64_t offset = slot * kv_dim + static_cast<int64_t>(g) * hd + d;
+        float kf[kVec], vf[kVec];
+        Unpack(*reinterpret_cast<const uint4*>(k_cache + offset), kf, T{});
+        Unpack(*reinterpret_cast<const uint4*>(v_cache + offset), vf, T{});
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          k_tile[j * k_stride + d + e] = kf[e];
+          v_tile[j * hd + d + e] = vf[e];
+        }
+      }
+    } else {
+      for (int i = threadIdx.x; i < n * hd; i += blockDim.x) {
+        const int j = i / hd, d = i - j * hd, p = base + j;
+        const int64_t slot =
+            static_cast<int64_t>(table[p / s.block_size]) * s.block_size + p % s.block_size;
+        const int64_t offset = slot * kv_dim + static_cast<int64_t>(g) * hd + d;
+        k_tile[j * k_stride + d] = ToFloat(k_cache[offset]);
+        v_tile[j * hd + d] = ToFloat(v_cache[offset]);
+      }
     }
     __syncthreads();
 #pragma unroll
@@ -570,6 +663,30 @@ cudaError_t PagedAttention(const float* q, const T* k_cache, const T* v_cache,
 }
 
 template <typename T>
+cudaError_t SkinnyGemm(const T* x, int rows, int k, const T* w, int out, float* y,
+                       cudaStream_t stream) {
+  if (rows < 1 || rows > kMaxSkinnyRows || !SkinnyGemmSupported<T>(k)) return cudaErrorInvalidValue;
+  const unsigned blocks =
+      static_cast<unsigned>((static_cast<int64_t>(out) * 32 + kSkinnyThreads - 1) / kSkinnyThreads);
+  switch (rows) {
+#define COALESCE_SKINNY_CASE(R)                                                     \
+  case R:                                                                           \
+    SkinnyGemmKernel<T, R><<<blocks, kSkinnyThreads, 0, stream>>>(x, k, w, out, y); \
+    break;
+    COALESCE_SKINNY_CASE(1)
+    COALESCE_SKINNY_CASE(2)
+    COALESCE_SKINNY_CASE(3)
+    COALESCE_SKINNY_CASE(4)
+    COALESCE_SKINNY_CASE(5)
+    COALESCE_SKINNY_CASE(6)
+    COALESCE_SKINNY_CASE(7)
+    COALESCE_SKINNY_CASE(8)
+#undef COALESCE_SKINNY_CASE
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
 cudaError_t ConfigureAttention(int head_dim, int gqa_ratio) {
   if (head_dim > kMaxHeadDim || gqa_ratio > kMaxGqaRatio) return cudaErrorInvalidValue;
   return cudaFuncSetAttribute(PagedAttentionKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -621,6 +738,7 @@ cudaError_t FillUniform(T* out, int64_t n, uint64_t seed, float scale, float off
                                          float*, float*, T*, cudaStream_t);                      \
   template cudaError_t SwiGlu<T>(const float*, int, int, T*, cudaStream_t);                      \
   template cudaError_t ConfigureAttention<T>(int, int);                                          \
+  template cudaError_t SkinnyGemm<T>(const T*, int, int, const T*, int, float*, cudaStream_t);   \
   template cudaError_t ConvertFromFloat<T>(const float*, int64_t, T*, cudaStream_t);             \
   template cudaError_t FillUniform<T>(T*, int64_t, uint64_t, float, float, cudaStream_t);
 

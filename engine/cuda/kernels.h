@@ -49,6 +49,22 @@ cudaError_t RopeAndCacheKv(float* qkv, const float* bias, const float* rope_cos,
                            int rows, int n_heads, int n_kv_heads, int head_dim, T* k_cache,
                            T* v_cache, cudaStream_t stream);
 
+// y[r, o] = sum_k x[r, k] * w[o, k] for r < rows <= kMaxSkinnyRows: the
+// projections of a decode step with few tokens. One warp per output row reads
+// the row once with 16-byte loads and keeps one sum per input row, so each
+// row's result is the same whatever the other rows are. Needs
+// SkinnyGemmSupported<T>(k) (rows of whole 16-byte vectors) and 16-byte
+// aligned x and w.
+//   x: [rows, k]   w: [out, k]   y: [rows, out]
+inline constexpr int kMaxSkinnyRows = 8;
+template <typename T>
+constexpr bool SkinnyGemmSupported(int k) {
+  return k % (16 / static_cast<int>(sizeof(T))) == 0;
+}
+template <typename T>
+cudaError_t SkinnyGemm(const T* x, int rows, int k, const T* w, int out, float* y,
+                       cudaStream_t stream);
+
 // Shapes of one attention call.
 struct AttentionShape {
   int rows = 0;                // query tokens

@@ -138,6 +138,39 @@ TYPED_TEST(CudaKernelTest, SwiGlu) {
   EXPECT_LT(RelativeError(out, want), Tolerance<T>());
 }
 
+TYPED_TEST(CudaKernelTest, SkinnyGemmMatchesAPlainProductAndIgnoresOtherRows) {
+  using T = TypeParam;
+  for (const int k : {8, 72, 1000}) {
+    for (const int out : {1, 33, 1001}) {
+      SCOPED_TRACE(::testing::Message() << "k " << k << " out " << out);
+      ASSERT_TRUE(cuda::SkinnyGemmSupported<T>(k));
+      const std::vector<float> x = RandomFloats(cuda::kMaxSkinnyRows * k, this->rng_);
+      const std::vector<float> w = RandomFloats(out * k, this->rng_);
+      DeviceArray<T> d_x(Convert<T>(x)), d_w(Convert<T>(w));
+      std::vector<float> alone;  // row 0 computed as the only row
+      for (int rows = 1; rows <= cuda::kMaxSkinnyRows; ++rows) {
+        DeviceArray<float> d_y(rows * out);
+        d_y.Poison();
+        CUDA_ASSERT_OK(cuda::SkinnyGemm<T>(d_x.get(), rows, k, d_w.get(), out, d_y.get(), nullptr));
+        const std::vector<float> y = d_y.Download();
+        std::vector<float> want(rows * out);
+        for (int r = 0; r < rows; ++r) {
+          for (int o = 0; o < out; ++o) {
+            double sum = 0;
+            for (int i = 0; i < k; ++i)
+              sum += double{Round<T>(x[r * k + i])} * Round<T>(w[o * k + i]);
+            want[r * out + o] = static_cast<float>(sum);
+          }
+        }
+        EXPECT_LT(RelativeError(y, want), 1e-5) << rows << " rows";
+        if (rows == 1) alone.assign(y.begin(), y.begin() + out);
+        // Row 0 is the same bits whatever else is in the product.
+        EXPECT_TRUE(std::equal(alone.begin(), alone.end(), y.begin())) << rows << " rows";
+      }
+    }
+  }
+}
+
 // The paged layout shared by the RoPE and attention tests: sequences of
 // given lengths, each with its own blocks drawn at random from a pool.
 struct PagedLayout {
@@ -259,6 +292,7 @@ TYPED_TEST(CudaKernelTest, PagedAttentionMatchesReference) {
   const AttentionCase cases[] = {
       {8, 8, 4, 16, 1},      // stories260K's shape
       {40, 6, 3, 7, 3},      // odd head size and block size
+      {32, 3, 1, 16, 64},    // one KV head for three query heads, the most splits
       {64, 8, 1, 16, 5},     // 8 query heads per KV head
       {128, 32, 8, 16, 33},  // Llama-3-8B's heads, many splits
       {256, 4, 4, 1, 2},     // the largest head size, one position per block

@@ -93,6 +93,14 @@ CASES = {
     ),
     "qwen2_bias_untied": ("Qwen2Config", dict(tie_word_embeddings=False), torch.float32, {}),
     "qwen2_bias_tied": ("Qwen2Config", dict(tie_word_embeddings=True), torch.float32, {}),
+    # One KV head shared by three query heads of 32 (multi-query attention).
+    "qwen2_mqa_three_heads": (
+        "Qwen2Config",
+        dict(hidden_size=96, num_attention_heads=3, num_key_value_heads=1,
+             tie_word_embeddings=False),
+        torch.float32,
+        {},
+    ),
     "llama_bf16": ("LlamaConfig", dict(tie_word_embeddings=False), torch.bfloat16, {}),
     "llama_f16": ("LlamaConfig", dict(tie_word_embeddings=True), torch.float16, {}),
     # About 50 KB per shard: the checkpoint is split over ~12 files and the
@@ -137,7 +145,7 @@ def make_model(tmp_path, name):
     config_class, extra, dtype, save_kwargs = CASES[name]
     seed = sorted(CASES).index(name) + 1
     torch.manual_seed(seed)
-    config = getattr(transformers, config_class)(**BASE, **extra)
+    config = getattr(transformers, config_class)(**{**BASE, **extra})
     model = transformers.AutoModelForCausalLM.from_config(config)
     randomize(model, seed)
     if config.tie_word_embeddings:

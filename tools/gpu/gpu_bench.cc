@@ -11,6 +11,9 @@
 //   - decode at batch 1, 2, 4, ..., 256: tokens/s, time per step, achieved
 //     bandwidth and TFLOP/s, and throughput relative to batch 1;
 //   - CUDA graphs on against off (1B, batch 1 and 8);
+//   - our skinny product against cuBLAS for batches of 1 to 8 (8B);
+//   - where a decode step's device time goes, stage by stage (8B, batch 1
+//     and 64);
 //   - a 512-token prefill.
 // Weights are random, filled on the device; the KV cache is filled with
 // random values so that decoding can start at position 512 without a prefill.
@@ -133,7 +136,9 @@ ModelConfig LlamaShape(int dim, int hidden, int layers, int heads, int kv_heads,
   return c;
 }
 
-std::unique_ptr<Backend> MakeBackend(const ModelConfig& config, bool graphs, int max_batch) {
+std::unique_ptr<Backend> MakeBackend(const ModelConfig& config, bool graphs, int max_batch,
+                                     bool skinny = true,
+                                     std::shared_ptr<StageTimes> stage_times = nullptr) {
   auto model = std::make_shared<Model>();
   model->config = config;
   model->config.name = "bench";
@@ -144,6 +149,8 @@ std::unique_ptr<Backend> MakeBackend(const ModelConfig& config, bool graphs, int
   options.max_batch_tokens = std::max(kPrompt, max_batch);
   options.max_seqs = max_batch;
   options.cuda_graphs = graphs;
+  options.skinny_gemm = skinny;
+  options.stage_times = std::move(stage_times);
   options.random_weights = true;
   options.fill_kv_cache_random = true;
   auto backend = CreateCudaBackend(std::move(model), options);
@@ -267,6 +274,49 @@ void BenchGraphs(const Shape& shape) {
   }
 }
 
+// Device time per stage of a decode step (eager, an event between stages).
+void BenchStages(const Shape& shape, int batch) {
+  auto times = std::make_shared<StageTimes>();
+  auto backend = MakeBackend(shape.config, false, batch, true, times);
+  TimeDecode(*backend, batch, kPrompt, 2, 0);  // warm-up
+  *times = StageTimes{};
+  const double step = TimeDecode(*backend, batch, kPrompt, 8, 0);
+  std::printf(
+      "\n## Where a decode step's time goes: %s shape, batch %d, position %d (eager, "
+      "events between stages)\n\n| stage | ms per step | share of device time |\n"
+      "|---|---:|---:|\n",
+      shape.name, batch, kPrompt);
+  double total = 0;
+  for (double s : times->seconds) total += s;
+  for (size_t i = 0; i < times->names.size(); ++i) {
+    std::printf("| %s | %.3f | %.1f%% |\n", times->names[i].c_str(),
+                times->seconds[i] / times->steps * 1e3, 100.0 * times->seconds[i] / total);
+  }
+  std::printf("| (device total) | %.3f | |\n| (host wall time per step) | %.3f | |\n",
+              total / times->steps * 1e3, step * 1e3);
+}
+
+// Our skinny product against cuBLAS for the projections of small batches.
+void BenchSkinny(const Shape& shape) {
+  std::printf(
+      "\n## Projections of small batches: skinny kernel against cuBLAS, %s shape, "
+      "decode at position %d\n\n| batch | skinny ms/step | cuBLAS ms/step | speed-up |\n"
+      "|---:|---:|---:|---:|\n",
+      shape.name, kPrompt);
+  double skinny[4], cublas[4];
+  const int batches[4] = {1, 2, 4, 8};
+  for (const bool use_skinny : {true, false}) {
+    auto backend = MakeBackend(shape.config, true, 8, use_skinny);
+    for (int i = 0; i < 4; ++i) {
+      (use_skinny ? skinny : cublas)[i] = TimeDecode(*backend, batches[i], kPrompt, 32, 3);
+    }
+  }
+  for (int i = 0; i < 4; ++i) {
+    std::printf("| %d | %.3f | %.3f | %.2fx |\n", batches[i], skinny[i] * 1e3, cublas[i] * 1e3,
+                cublas[i] / skinny[i]);
+  }
+}
+
 int Main(int argc, char** argv) {
   std::string shapes = "1b,8b";
   bool quick = false;
@@ -300,6 +350,11 @@ int Main(int argc, char** argv) {
   if (shapes.find("1b") != std::string::npos) BenchShape(one_b, bandwidth, quick);
   if (shapes.find("8b") != std::string::npos) BenchShape(eight_b, bandwidth, quick);
   if (shapes.find("1b") != std::string::npos) BenchGraphs(one_b);
+  if (shapes.find("8b") != std::string::npos) {
+    BenchSkinny(eight_b);
+    BenchStages(eight_b, 1);
+    BenchStages(eight_b, 64);
+  }
   return 0;
 }
 
