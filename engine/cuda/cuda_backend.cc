@@ -414,8 +414,12 @@ absl::Status CudaBackend<T>::Init() {
 template <typename T>
 absl::Status CudaBackend<T>::UploadFloat(std::span<const float> src, DeviceBuffer& dst) {
   if (absl::Status s = dst.Allocate(src.size_bytes()); !s.ok()) return s;
-  CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(dst.get<float>(), src.data(), src.size_bytes(), cudaMemcpyHostToDevice));
+  // On stream_, like everything else: a plain cudaMemcpy runs on the legacy
+  // default stream, which a non-blocking stream does not wait for, and from
+  // pageable memory it can return before the data has reached the device.
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.get<float>(), src.data(), src.size_bytes(),
+                                       cudaMemcpyHostToDevice, stream_));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
 }
 
@@ -434,8 +438,9 @@ absl::Status CudaBackend<T>::UploadMatrix(std::initializer_list<std::span<const 
   if (absl::Status s = staging.Allocate(largest * sizeof(float)); !s.ok()) return s;
   size_t offset = 0;
   for (const auto& part : parts) {
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(staging.get<float>(), part.data(), part.size_bytes(), cudaMemcpyHostToDevice));
+    // The copy and the conversion both on stream_, in order (see UploadFloat).
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging.get<float>(), part.data(), part.size_bytes(),
+                                         cudaMemcpyHostToDevice, stream_));
     CUDA_RETURN_IF_ERROR(cuda::ConvertFromFloat<T>(
         staging.get<float>(), static_cast<int64_t>(part.size()), dst.get<T>() + offset, stream_));
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));  // before staging is reused
@@ -612,7 +617,10 @@ absl::Status CudaBackend<T>::Mark(const char* stage) {
 
 template <typename T>
 absl::Status CudaBackend<T>::Gemm(const T* x, int rows, int in, const T* w, int out, float* y) {
-  if (options_.skinny_gemm && rows <= cuda::kMaxSkinnyRows && cuda::SkinnyGemmSupported<T>(in)) {
+  // The skinny product beats cuBLAS only for a single row (coalesce-gpu-bench,
+  // docs/gpu.md): from two rows on, re-reading x for every weight vector costs
+  // more than it saves.
+  if (options_.skinny_gemm && rows == 1 && cuda::SkinnyGemmSupported<T>(in)) {
     CUDA_RETURN_IF_ERROR(cuda::SkinnyGemm<T>(x, rows, in, w, out, y, stream_));
     return absl::OkStatus();
   }

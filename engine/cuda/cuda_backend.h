@@ -55,9 +55,8 @@ struct CudaBackendOptions {
   int max_batch_tokens = 2048;  // tokens in one step at most
   int max_seqs = 256;           // sequences in one step at most
   bool cuda_graphs = true;      // replay captured graphs for decode steps
-  // Steps of at most cuda::kMaxSkinnyRows tokens apply the weights with our
-  // own skinny product (cuda/kernels.h) instead of cuBLAS: it reads the
-  // weights closer to the memory bandwidth (coalesce-gpu-bench compares).
+  // Steps of one token apply the weights with our own skinny product
+  // (cuda/kernels.h) instead of cuBLAS (coalesce-gpu-bench compares them).
   bool skinny_gemm = true;
   std::shared_ptr<StageTimes> stage_times;  // benchmarks only
   // Benchmarks of large shapes: fill the weights on the device from this

@@ -2,6 +2,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <climits>
 #include <cmath>
@@ -93,6 +94,10 @@ __global__ void EmbedKernel(const T* table, const int32_t* tokens, int dim, floa
   for (int d = threadIdx.x; d < dim; d += blockDim.x) x[row * dim + d] = ToFloat(src[d]);
 }
 
+// Elements of a row each thread of RmsNormKernel holds in registers: rows
+// of up to 1024 * 16 elements in one pass over memory.
+constexpr int kNormPerThread = 16;
+
 template <typename T>
 __global__ void RmsNormKernel(float* x, const float* delta, const float* bias, const float* weight,
                               const int32_t* gather, int dim, float eps, T* out) {
@@ -100,20 +105,28 @@ __global__ void RmsNormKernel(float* x, const float* delta, const float* bias, c
   const int64_t r = blockIdx.x;
   const int64_t i = gather != nullptr ? gather[r] : r;
   float* xr = x + i * dim;
+  float v[kNormPerThread];
   float ss = 0.0f;
-  for (int d = threadIdx.x; d < dim; d += blockDim.x) {
-    float v = xr[d];
-    if (delta != nullptr) {
-      v += delta[i * dim + d];
-      if (bias != nullptr) v += bias[d];
-      xr[d] = v;
+#pragma unroll
+  for (int k = 0; k < kNormPerThread; ++k) {
+    const int d = threadIdx.x + k * blockDim.x;
+    v[k] = 0.0f;
+    if (d < dim) {
+      v[k] = xr[d];
+      if (delta != nullptr) {
+        v[k] += delta[i * dim + d];
+        if (bias != nullptr) v[k] += bias[d];
+        xr[d] = v[k];
+      }
+      ss += v[k] * v[k];
     }
-    ss += v * v;
   }
   ss = BlockSum(ss, scratch);
   const float scale = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
-  for (int d = threadIdx.x; d < dim; d += blockDim.x) {
-    out[r * dim + d] = FromFloat<T>(weight[d] * (scale * xr[d]));
+#pragma unroll
+  for (int k = 0; k < kNormPerThread; ++k) {
+    const int d = threadIdx.x + k * blockDim.x;
+    if (d < dim) out[r * dim + d] = FromFloat<T>(weight[d] * (scale * v[k]));
   }
 }
 
@@ -298,21 +311,41 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     __syncthreads();  // the previous tile is consumed; q_group is written
     constexpr int kVec = Vec16<T>::kSize;
     if (hd % kVec == 0) {
-      // 16-byte loads: a head's row is whole vectors, and so is every row
-      // offset (kv_dim and g * hd are multiples of head_dim).
-      const int vecs = hd / kVec;
-      for (int i = threadIdx.x; i < n * vecs; i += blockDim.x) {
-        const int j = i / vecs, d = (i - j * vecs) * kVec, p = base + j;
-        const int64_t slot =
-            static_cast<int64_t>(table[p / s.block_size]) * s.block_size + p % s.block_size;
-        const int64_t offset = slot * kv_dim + static_cast<int64_t>(g) * hd + d;
-        float kf[kVec], vf[kVec];
-        Unpack(*reinterpret_cast<const uint4*>(k_cache + offset), kf, T{});
-        Unpack(*reinterpret_cast<const uint4*>(v_cache + offset), vf, T{});
+      // 16-byte loads (a head's row is whole vectors, and so is every row
+      // offset: kv_dim and g * hd are multiples of head_dim), kBatch of K and
+      // of V in flight per thread before any is used: one memory latency per
+      // tile rather than one per vector.
+      constexpr int kBatch = 4;
+      constexpr int kThreads = kAttnWarps * 32;
+      const int vecs = hd / kVec, total = n * vecs;
+      for (int first = threadIdx.x; first < total; first += kBatch * kThreads) {
+        uint4 k_raw[kBatch], v_raw[kBatch];
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-          k_tile[j * k_stride + d + e] = kf[e];
-          v_tile[j * hd + d + e] = vf[e];
+        for (int u = 0; u < kBatch; ++u) {
+          const int i = first + u * kThreads;
+          if (i < total) {
+            const int j = i / vecs, d = (i - j * vecs) * kVec, p = base + j;
+            const int64_t slot =
+                static_cast<int64_t>(table[p / s.block_size]) * s.block_size + p % s.block_size;
+            const int64_t offset = slot * kv_dim + static_cast<int64_t>(g) * hd + d;
+            k_raw[u] = *reinterpret_cast<const uint4*>(k_cache + offset);
+            v_raw[u] = *reinterpret_cast<const uint4*>(v_cache + offset);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int i = first + u * kThreads;
+          if (i < total) {
+            const int j = i / vecs, d = (i - j * vecs) * kVec;
+            float kf[kVec], vf[kVec];
+            Unpack(k_raw[u], kf, T{});
+            Unpack(v_raw[u], vf, T{});
+#pragma unroll
+            for (int e = 0; e < kVec; ++e) {
+              k_tile[j * k_stride + d + e] = kf[e];
+              v_tile[j * hd + d + e] = vf[e];
+            }
+          }
         }
       }
     } else {
@@ -378,29 +411,37 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 }
 
 // Merges the splits of one (token, head): rescales each split's sum and
-// output by exp(m_split - m_max).
+// output by exp(m_split - m_max). The splits' weights are worked out once, in
+// shared memory, so the output loop only streams the partial outputs.
 template <typename T>
 __global__ void AttentionCombineKernel(const float* partial_out, const float* partial_ml,
                                        AttentionShape s, T* out) {
-  const int t = blockIdx.x, h = blockIdx.y, hd = s.head_dim;
-  const int64_t idx0 = (static_cast<int64_t>(t) * s.n_heads + h) * s.num_splits;
-  float m_max = -INFINITY;
-  for (int i = 0; i < s.num_splits; ++i) {
-    if (partial_ml[(idx0 + i) * 2 + 1] > 0.0f) m_max = fmaxf(m_max, partial_ml[(idx0 + i) * 2]);
+  __shared__ float m_split[kMaxSplits], l_split[kMaxSplits], weight[kMaxSplits];
+  __shared__ float inv_sum;
+  const int t = blockIdx.x, h = blockIdx.y, hd = s.head_dim, splits = s.num_splits;
+  const int64_t idx0 = (static_cast<int64_t>(t) * s.n_heads + h) * splits;
+  for (int i = threadIdx.x; i < splits; i += blockDim.x) {
+    m_split[i] = partial_ml[(idx0 + i) * 2];
+    l_split[i] = partial_ml[(idx0 + i) * 2 + 1];
   }
-  float sum = 0.0f;
-  for (int i = 0; i < s.num_splits; ++i) {
-    const float li = partial_ml[(idx0 + i) * 2 + 1];
-    if (li > 0.0f) sum += li * expf(partial_ml[(idx0 + i) * 2] - m_max);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float m_max = -INFINITY;
+    for (int i = 0; i < splits; ++i) {
+      if (l_split[i] > 0.0f) m_max = fmaxf(m_max, m_split[i]);
+    }
+    float sum = 0.0f;
+    for (int i = 0; i < splits; ++i) {
+      weight[i] = l_split[i] > 0.0f ? expf(m_split[i] - m_max) : 0.0f;  // empty splits: 0
+      sum += l_split[i] * weight[i];
+    }
+    inv_sum = 1.0f / sum;
   }
-  const float inv_sum = 1.0f / sum;
+  __syncthreads();
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float o = 0.0f;
-    for (int i = 0; i < s.num_splits; ++i) {
-      if (partial_ml[(idx0 + i) * 2 + 1] > 0.0f) {
-        o += partial_out[(idx0 + i) * hd + d] * expf(partial_ml[(idx0 + i) * 2] - m_max);
-      }
-    }
+#pragma unroll 8
+    for (int i = 0; i < splits; ++i) o += partial_out[(idx0 + i) * hd + d] * weight[i];
     out[(static_cast<int64_t>(t) * s.n_heads + h) * hd + d] = FromFloat<T>(o * inv_sum);
   }
 }
@@ -621,7 +662,9 @@ template <typename T>
 cudaError_t RmsNorm(float* x, const float* delta, const float* bias, const float* weight,
                     const int32_t* gather, int rows, int dim, float eps, T* out,
                     cudaStream_t stream) {
-  const int threads = dim >= 2048 ? 512 : 256;
+  // About 4 elements per thread, at most kNormPerThread.
+  const int threads = std::min(1024, std::max(32, (dim / 4 + 31) / 32 * 32));
+  if (dim > threads * kNormPerThread) return cudaErrorInvalidValue;
   if (rows > 0) {
     RmsNormKernel<T><<<rows, threads, 0, stream>>>(x, delta, bias, weight, gather, dim, eps, out);
   }

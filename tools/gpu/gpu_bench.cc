@@ -11,7 +11,7 @@
 //   - decode at batch 1, 2, 4, ..., 256: tokens/s, time per step, achieved
 //     bandwidth and TFLOP/s, and throughput relative to batch 1;
 //   - CUDA graphs on against off (1B, batch 1 and 8);
-//   - our skinny product against cuBLAS for batches of 1 to 8 (8B);
+//   - our skinny product against cuBLAS for one-token steps (8B);
 //   - where a decode step's device time goes, stage by stage (8B, batch 1
 //     and 64);
 //   - a 512-token prefill.
@@ -296,25 +296,19 @@ void BenchStages(const Shape& shape, int batch) {
               total / times->steps * 1e3, step * 1e3);
 }
 
-// Our skinny product against cuBLAS for the projections of small batches.
+// Our skinny product against cuBLAS for the projections of one-token steps
+// (the backend uses it only there: see cuda_backend.cc's Gemm).
 void BenchSkinny(const Shape& shape) {
-  std::printf(
-      "\n## Projections of small batches: skinny kernel against cuBLAS, %s shape, "
-      "decode at position %d\n\n| batch | skinny ms/step | cuBLAS ms/step | speed-up |\n"
-      "|---:|---:|---:|---:|\n",
-      shape.name, kPrompt);
-  double skinny[4], cublas[4];
-  const int batches[4] = {1, 2, 4, 8};
+  double skinny = 0, cublas = 0;
   for (const bool use_skinny : {true, false}) {
-    auto backend = MakeBackend(shape.config, true, 8, use_skinny);
-    for (int i = 0; i < 4; ++i) {
-      (use_skinny ? skinny : cublas)[i] = TimeDecode(*backend, batches[i], kPrompt, 32, 3);
-    }
+    auto backend = MakeBackend(shape.config, true, 1, use_skinny);
+    (use_skinny ? skinny : cublas) = TimeDecode(*backend, 1, kPrompt, 64, 3);
   }
-  for (int i = 0; i < 4; ++i) {
-    std::printf("| %d | %.3f | %.3f | %.2fx |\n", batches[i], skinny[i] * 1e3, cublas[i] * 1e3,
-                cublas[i] / skinny[i]);
-  }
+  std::printf(
+      "\n## Projections of a one-token step: skinny kernel against cuBLAS, %s shape, "
+      "decode at position %d\n\n| batch | skinny ms/step | cuBLAS ms/step | speed-up |\n"
+      "|---:|---:|---:|---:|\n| 1 | %.3f | %.3f | %.2fx |\n",
+      shape.name, kPrompt, skinny * 1e3, cublas * 1e3, cublas / skinny);
 }
 
 int Main(int argc, char** argv) {
