@@ -335,9 +335,13 @@ int Serve(const ServerOptions& options) {
                                    : options.grace_period;
   LogF(device_lost ? LogLevel::kError : LogLevel::kInfo, "%s: draining for at most %s", reason.why,
        absl::FormatDuration(drain));
-  // Shutdown sends GOAWAY at once: clients stop sending new calls here (a
-  // call already on its way is refused in a way gRPC clients retry on another
-  // replica, transparently), while the streams already running go on.
+  // Shutdown sends GOAWAY at once: clients stop sending new calls here, while
+  // the streams already running go on. A call already on its way never
+  // reaches the service: the client gets UNAVAILABLE when the transport
+  // refuses it, but CANCELLED when gRPC had accepted it and not yet handed it
+  // to the service (gRPC cancels those on Shutdown, grpc/grpc#41785). Every
+  // call the service did get has its final status from the loop (after a
+  // lost device, before this point) or finishes within the drain.
   server->GetHealthCheckService()->SetServingStatus(false);
   server->Shutdown(absl::ToChronoTime(absl::Now() + drain));
   loop.Stop();

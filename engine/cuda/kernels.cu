@@ -258,29 +258,50 @@ __global__ void __launch_bounds__(kSkinnyThreads)
 
 constexpr int kAttnWarps = 4;
 constexpr int kAttnTile = 32;  // key positions per shared-memory tile: one per lane
+// The kernel is instantiated for the head size and GQA ratio it serves, so
+// that its per-lane output accumulators (kHeads query heads per warp, kPerLane
+// elements of each per lane) take only the registers they need.
 constexpr int kMaxPerLane = kMaxHeadDim / 32;
 constexpr int kMaxHeadsPerWarp = kMaxGqaRatio / kAttnWarps;
 
+// Shared-memory layout of PagedAttentionKernel, in floats. Lane j computes the
+// score of key j of a tile with 16-byte loads along its K row: rows (and q)
+// are padded to whole float4s (zeros past head_dim), plus one float4 so that
+// the eight lanes of a quarter-warp start on distinct bank quads (row stride
+// = 4 mod 32 banks): no conflicts.
+struct AttentionSmem {
+  int hd_pad;    // head_dim rounded up to a multiple of 4
+  int k_stride;  // hd_pad + 4
+  __host__ __device__ AttentionSmem(int head_dim)
+      : hd_pad((head_dim + 3) / 4 * 4), k_stride((head_dim + 3) / 4 * 4 + 4) {}
+  // q_group [ratio, hd_pad], then k_tile [kAttnTile, k_stride], then
+  // v_tile [kAttnTile, head_dim].
+  __host__ __device__ int k_offset(int ratio) const { return ratio * hd_pad; }
+  __host__ __device__ int v_offset(int ratio) const {
+    return k_offset(ratio) + kAttnTile * k_stride;
+  }
+};
+
 size_t AttentionSharedBytes(int head_dim, int ratio) {
-  // K tile rows padded by one float so that lane j reading row j hits bank
-  // (j * (head_dim + 1) + d) % 32: no conflicts.
+  const AttentionSmem layout(head_dim);
   return sizeof(float) *
-         (static_cast<size_t>(kAttnTile) * (head_dim + 1) +
-          static_cast<size_t>(kAttnTile) * head_dim + static_cast<size_t>(ratio) * head_dim);
+         (static_cast<size_t>(layout.v_offset(ratio)) + static_cast<size_t>(kAttnTile) * head_dim);
 }
 
-template <typename T>
+template <typename T, int kHeadsPerWarp, int kPerLane>
 __global__ void __launch_bounds__(kAttnWarps * 32)
     PagedAttentionKernel(const float* q, const T* k_cache, const T* v_cache,
                          const int32_t* positions, const int32_t* token_seq,
                          const int32_t* block_tables, AttentionShape s, float* partial_out,
                          float* partial_ml) {
-  extern __shared__ float smem[];
+  extern __shared__ float4 smem4[];  // float4: 16-byte aligned
+  float* smem = reinterpret_cast<float*>(smem4);
   const int hd = s.head_dim, ratio = s.n_heads / s.n_kv_heads, kv_dim = s.n_kv_heads * hd;
-  const int k_stride = hd + 1;
-  float* k_tile = smem;                           // [kAttnTile, hd + 1]
-  float* v_tile = k_tile + kAttnTile * k_stride;  // [kAttnTile, hd]
-  float* q_group = v_tile + kAttnTile * hd;       // [ratio, hd]
+  const AttentionSmem layout(hd);
+  const int k_stride = layout.k_stride, hd_pad = layout.hd_pad;
+  float* q_group = smem;                          // [ratio, hd_pad]
+  float* k_tile = smem + layout.k_offset(ratio);  // [kAttnTile, k_stride]
+  float* v_tile = smem + layout.v_offset(ratio);  // [kAttnTile, hd]
 
   const int t = blockIdx.x, g = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -295,15 +316,23 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 
   const float* q_row =
       q + static_cast<int64_t>(t) * s.q_stride + static_cast<int64_t>(g) * ratio * hd;
-  for (int i = threadIdx.x; i < ratio * hd; i += blockDim.x) q_group[i] = q_row[i];
+  for (int i = threadIdx.x; i < ratio * hd_pad; i += blockDim.x) {
+    const int h = i / hd_pad, d = i - h * hd_pad;
+    q_group[i] = d < hd ? q_row[h * hd + d] : 0.0f;
+  }
+  // The padding columns of the K tile, never loaded, must be zeros.
+  for (int i = threadIdx.x; i < kAttnTile * (hd_pad - hd); i += blockDim.x) {
+    const int j = i / (hd_pad - hd);
+    k_tile[j * k_stride + hd + (i - j * (hd_pad - hd))] = 0.0f;
+  }
 
-  float m[kMaxHeadsPerWarp], l[kMaxHeadsPerWarp], acc[kMaxHeadsPerWarp][kMaxPerLane];
+  float m[kHeadsPerWarp], l[kHeadsPerWarp], acc[kHeadsPerWarp][kPerLane];
 #pragma unroll
-  for (int hi = 0; hi < kMaxHeadsPerWarp; ++hi) {
+  for (int hi = 0; hi < kHeadsPerWarp; ++hi) {
     m[hi] = -INFINITY;
     l[hi] = 0.0f;
 #pragma unroll
-    for (int e = 0; e < kMaxPerLane; ++e) acc[hi][e] = 0.0f;
+    for (int e = 0; e < kPerLane; ++e) acc[hi][e] = 0.0f;
   }
 
   for (int base = begin; base < end; base += kAttnTile) {
@@ -360,28 +389,37 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     }
     __syncthreads();
 #pragma unroll
-    for (int hi = 0; hi < kMaxHeadsPerWarp; ++hi) {
+    for (int hi = 0; hi < kHeadsPerWarp; ++hi) {
       const int h = warp + hi * kAttnWarps;  // query head within the group
       if (h < ratio) {                       // warp-uniform
         float score = -INFINITY;
         if (lane < n) {
-          const float* qh = q_group + h * hd;
-          const float* kr = k_tile + lane * k_stride;
-          float dot = 0.0f;
-          for (int d = 0; d < hd; ++d) dot += qh[d] * kr[d];
-          score = dot * scale;
+          // Four independent sums: the loads and multiply-adds pipeline.
+          const float4* qh = reinterpret_cast<const float4*>(q_group + h * hd_pad);
+          const float4* kr = reinterpret_cast<const float4*>(k_tile + lane * k_stride);
+          float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+#pragma unroll 4
+          for (int v = 0; v < hd_pad / 4; ++v) {
+            const float4 a = qh[v], b = kr[v];
+            d0 += a.x * b.x;
+            d1 += a.y * b.y;
+            d2 += a.z * b.z;
+            d3 += a.w * b.w;
+          }
+          score = ((d0 + d1) + (d2 + d3)) * scale;
         }
         const float m_new = fmaxf(m[hi], WarpMax(score));
         const float p = lane < n ? expf(score - m_new) : 0.0f;
         const float correction = expf(m[hi] - m_new);  // 0 on the first tile
         l[hi] = l[hi] * correction + WarpSum(p);
 #pragma unroll
-        for (int e = 0; e < kMaxPerLane; ++e) acc[hi][e] *= correction;
+        for (int e = 0; e < kPerLane; ++e) acc[hi][e] *= correction;
+#pragma unroll 8
         for (int j = 0; j < n; ++j) {
           const float pj = __shfl_sync(kFullMask, p, j);
           const float* vr = v_tile + j * hd;
 #pragma unroll
-          for (int e = 0; e < kMaxPerLane; ++e) {
+          for (int e = 0; e < kPerLane; ++e) {
             const int d = lane + 32 * e;
             if (d < hd) acc[hi][e] += pj * vr[d];
           }
@@ -392,13 +430,13 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   }
 
 #pragma unroll
-  for (int hi = 0; hi < kMaxHeadsPerWarp; ++hi) {
+  for (int hi = 0; hi < kHeadsPerWarp; ++hi) {
     const int h = warp + hi * kAttnWarps;
     if (h < ratio) {
       const int64_t idx =
           (static_cast<int64_t>(t) * s.n_heads + g * ratio + h) * s.num_splits + split;
 #pragma unroll
-      for (int e = 0; e < kMaxPerLane; ++e) {
+      for (int e = 0; e < kPerLane; ++e) {
         const int d = lane + 32 * e;
         if (d < hd) partial_out[idx * hd + d] = acc[hi][e];
       }
@@ -408,6 +446,29 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
       }
     }
   }
+}
+
+template <typename T>
+using AttentionKernel = void (*)(const float*, const T*, const T*, const int32_t*, const int32_t*,
+                                 const int32_t*, AttentionShape, float*, float*);
+
+// The instantiation for this head size (elements per lane: 1, 2, 4, 8) and
+// GQA ratio (query heads per warp: 1, 2, 4).
+template <typename T>
+AttentionKernel<T> PickAttentionKernel(int head_dim, int ratio) {
+  const int per_lane = head_dim <= 32 ? 1 : head_dim <= 64 ? 2 : head_dim <= 128 ? 4 : 8;
+  const int heads = (ratio + kAttnWarps - 1) / kAttnWarps;
+  const int heads_per_warp = heads <= 1 ? 1 : heads <= 2 ? 2 : 4;
+#define COALESCE_PICK(H, L) \
+  if (heads_per_warp == H && per_lane == L) return PagedAttentionKernel<T, H, L>;
+#define COALESCE_PICK_L(H) \
+  COALESCE_PICK(H, 1) COALESCE_PICK(H, 2) COALESCE_PICK(H, 4) COALESCE_PICK(H, 8)
+  COALESCE_PICK_L(1)
+  COALESCE_PICK_L(2)
+  COALESCE_PICK_L(4)
+#undef COALESCE_PICK_L
+#undef COALESCE_PICK
+  return nullptr;  // unreachable for head_dim <= kMaxHeadDim, ratio <= kMaxGqaRatio
 }
 
 // Merges the splits of one (token, head): rescales each split's sum and
@@ -696,9 +757,11 @@ cudaError_t PagedAttention(const float* q, const T* k_cache, const T* v_cache,
     return cudaErrorInvalidValue;
   }
   const size_t shared = AttentionSharedBytes(shape.head_dim, shape.n_heads / shape.n_kv_heads);
+  const AttentionKernel<T> kernel =
+      PickAttentionKernel<T>(shape.head_dim, shape.n_heads / shape.n_kv_heads);
   const dim3 grid(shape.rows, shape.n_kv_heads, shape.num_splits);
-  PagedAttentionKernel<T><<<grid, kAttnWarps * 32, shared, stream>>>(
-      q, k_cache, v_cache, positions, token_seq, block_tables, shape, partial_out, partial_ml);
+  kernel<<<grid, kAttnWarps * 32, shared, stream>>>(q, k_cache, v_cache, positions, token_seq,
+                                                    block_tables, shape, partial_out, partial_ml);
   const dim3 combine_grid(shape.rows, shape.n_heads);
   AttentionCombineKernel<T><<<combine_grid, shape.head_dim >= 128 ? 128 : 64, 0, stream>>>(
       partial_out, partial_ml, shape, out);
@@ -732,7 +795,8 @@ cudaError_t SkinnyGemm(const T* x, int rows, int k, const T* w, int out, float* 
 template <typename T>
 cudaError_t ConfigureAttention(int head_dim, int gqa_ratio) {
   if (head_dim > kMaxHeadDim || gqa_ratio > kMaxGqaRatio) return cudaErrorInvalidValue;
-  return cudaFuncSetAttribute(PagedAttentionKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  return cudaFuncSetAttribute(PickAttentionKernel<T>(head_dim, gqa_ratio),
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                               static_cast<int>(AttentionSharedBytes(head_dim, gqa_ratio)));
 }
 

@@ -291,6 +291,7 @@ TYPED_TEST(CudaKernelTest, PagedAttentionMatchesReference) {
   using T = TypeParam;
   const AttentionCase cases[] = {
       {8, 8, 4, 16, 1},      // stories260K's shape
+      {6, 4, 2, 3, 2},       // a head size that is not whole float4s
       {40, 6, 3, 7, 3},      // odd head size and block size
       {32, 3, 1, 16, 64},    // one KV head for three query heads, the most splits
       {64, 8, 1, 16, 5},     // 8 query heads per KV head

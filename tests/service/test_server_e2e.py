@@ -729,29 +729,43 @@ def test_static_batching_goldens(static_srv, golden):
 def test_device_lost_fails_requests_reports_not_serving_and_exits(pb, golden):
     """Every engine step after the 60th fails as a GPU whose context is gone
     does. The running stream ends with INTERNAL after its 60 tokens, a request
-    that never ran gets UNAVAILABLE, health turns NOT_SERVING, and the process
-    exits with a non-zero code within seconds (so Kubernetes restarts it)."""
+    that was queued but never ran gets UNAVAILABLE, one sent after the loss is
+    refused, health turns NOT_SERVING, and the process exits with a non-zero
+    code within seconds (so Kubernetes restarts it).
+
+    The queued request must be in the engine's queue before the loss, which
+    comes 60 fast steps after the running request starts: it is sent first,
+    and held there, without a single step, until the loss. The coalescing
+    window holds it alone (2 slots); the running one then joins it, is
+    admitted first (higher priority), and takes a block of the 20-block KV
+    cache, so the queued one (a 310-token prompt: all 20 blocks) cannot
+    follow. Sent after the running one had started instead, it could reach
+    the server just as the shutdown begins, and gRPC itself then cancels it
+    (see the late request below)."""
     steps = 60
+    # stories260K: 1280 bytes of KV cache per token, 20 blocks of 16 tokens.
     server, client = start_server(["--fault_injection=device_lost_after_steps:%d" % steps,
-                                   "--max_batch_size=1", "--batch_window=0",
+                                   "--max_batch_size=2", "--batch_window=30s",
+                                   "--kv_cache_memory=400KiB", "--kv_block_size=16",
                                    "--grace_period=30s"])
     try:
         client.bind(pb)
         assert "TESTING" in server.log(), "the fault injection is not in the start-up log"
+        assert "KV cache: 20 blocks of 16 tokens" in server.log()
         health = client.pb.health.HealthCheckResponse
         watch = client.health_watch(timeout=30)
         statuses = iter(watch)
         assert next(statuses).status == health.SERVING
+        waiting = client.generate_call(
+            client.request(ids=[10 + i % 400 for i in range(310)], max_new_tokens=5), timeout=30)
+        assert wait_for(lambda: client.metrics().get("coalesce_requests_waiting") == 1, 10), \
+            "the request to be left waiting never reached the engine's queue"
         case = golden[0]
         running = client.generate_call(
-            client.request(prompt=case["prompt"], max_new_tokens=300), timeout=30)
-        it = iter(running)
-        msgs = [next(it)]  # it runs, alone in the batch
-        # One slot: this one waits, and never runs (it may also come after the
-        # loss, and be refused; UNAVAILABLE either way).
-        waiting = client.generate_call(client.request(prompt="Tim", max_new_tokens=5), timeout=30)
+            client.request(prompt=case["prompt"], max_new_tokens=300, priority=1), timeout=30)
+        msgs = []
         with pytest.raises(grpc.RpcError) as failed:
-            for m in it:
+            for m in running:
                 msgs.append(m)
         t_lost = time.monotonic()
         assert failed.value.code() == grpc.StatusCode.INTERNAL, failed.value
@@ -763,6 +777,15 @@ def test_device_lost_fails_requests_reports_not_serving_and_exits(pb, golden):
         with pytest.raises(grpc.RpcError) as refused:
             list(waiting)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value
+        assert "before this request ran" in refused.value.details(), refused.value
+        # A request sent now is refused without running: UNAVAILABLE (by the
+        # engine loop, or the connection), or CANCELLED when it reaches the
+        # server's gRPC layer as the shutdown begins and gRPC cancels it
+        # before the service sees it (grpc/grpc#41785); both are retryable
+        # under the policy deploy/README.md recommends.
+        late = client.generate(client.request(prompt="Tim", max_new_tokens=5), timeout=10)
+        assert late.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), late
+        assert late.msgs == [], late
         # Health: NOT_SERVING for every service, seen by the open Watch.
         assert next(statuses).status == health.NOT_SERVING
         watch.cancel()
