@@ -617,10 +617,8 @@ absl::Status CudaBackend<T>::Mark(const char* stage) {
 
 template <typename T>
 absl::Status CudaBackend<T>::Gemm(const T* x, int rows, int in, const T* w, int out, float* y) {
-  // The skinny product beats cuBLAS only for a single row (coalesce-gpu-bench,
-  // docs/gpu.md): from two rows on, re-reading x for every weight vector costs
-  // more than it saves.
-  if (options_.skinny_gemm && rows == 1 && cuda::SkinnyGemmSupported<T>(in)) {
+  if (rows <= std::min(options_.skinny_gemm_rows, cuda::kMaxSkinnyRows) &&
+      cuda::SkinnyGemmSupported<T>(in)) {
     CUDA_RETURN_IF_ERROR(cuda::SkinnyGemm<T>(x, rows, in, w, out, y, stream_));
     return absl::OkStatus();
   }

@@ -55,9 +55,10 @@ struct CudaBackendOptions {
   int max_batch_tokens = 2048;  // tokens in one step at most
   int max_seqs = 256;           // sequences in one step at most
   bool cuda_graphs = true;      // replay captured graphs for decode steps
-  // Steps of one token apply the weights with our own skinny product
-  // (cuda/kernels.h) instead of cuBLAS (coalesce-gpu-bench compares them).
-  bool skinny_gemm = true;
+  // Steps of at most this many tokens (up to cuda::kMaxSkinnyRows) apply the
+  // weights with our own skinny product (cuda/kernels.h) instead of cuBLAS;
+  // 0: always cuBLAS. coalesce-gpu-bench compares the two to set it.
+  int skinny_gemm_rows = 1;
   std::shared_ptr<StageTimes> stage_times;  // benchmarks only
   // Benchmarks of large shapes: fill the weights on the device from this
   // seed (uniform in +-1/sqrt(fan_in)) instead of copying model.weights,

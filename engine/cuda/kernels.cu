@@ -221,26 +221,39 @@ __device__ __forceinline__ void Unpack(const uint4& v, float (&out)[8], __half) 
 
 constexpr int kSkinnyThreads = 256;
 
-template <typename T, int R>
+// x is staged in shared memory when it fits in kSkinnyStageBytes (one row of
+// up to 24K bf16 elements): every warp of the block then reads it from there
+// instead of through L1, which leaves the load path to the weights. The
+// weights stream through with evict-first loads (__ldcs): each is read once.
+constexpr int kSkinnyStageBytes = 48 * 1024;
+
+template <typename T, int R, bool kStageX>
 __global__ void __launch_bounds__(kSkinnyThreads)
     SkinnyGemmKernel(const T* x, int k, const T* w, int out, float* y) {
   constexpr int kVec = Vec16<T>::kSize;
+  extern __shared__ uint4 x_staged[];  // [R * num_vecs] when kStageX
+  const int num_vecs = k / kVec;
+  const uint4* x_vecs = reinterpret_cast<const uint4*>(x);  // row r at r * num_vecs
+  if constexpr (kStageX) {
+    for (int i = threadIdx.x; i < R * num_vecs; i += kSkinnyThreads)
+      x_staged[i] = __ldg(x_vecs + i);
+    __syncthreads();
+  }
   const int o = (blockIdx.x * kSkinnyThreads + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
-  if (o >= out) return;  // whole warps leave together
+  if (o >= out) return;  // whole warps leave together, after the staging
   const uint4* w_row = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(o) * k);
-  const int num_vecs = k / kVec;
   float acc[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-#pragma unroll 4
+#pragma unroll 8
   for (int i = lane; i < num_vecs; i += 32) {
     float wf[kVec];
-    Unpack(__ldg(w_row + i), wf, T{});
+    Unpack(__ldcs(w_row + i), wf, T{});
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       float xf[kVec];
-      Unpack(__ldg(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(r) * k) + i), xf, T{});
+      Unpack(kStageX ? x_staged[r * num_vecs + i] : __ldg(x_vecs + r * num_vecs + i), xf, T{});
 #pragma unroll
       for (int j = 0; j < kVec; ++j) acc[r] += wf[j] * xf[j];
     }
@@ -261,8 +274,6 @@ constexpr int kAttnTile = 32;  // key positions per shared-memory tile: one per 
 // The kernel is instantiated for the head size and GQA ratio it serves, so
 // that its per-lane output accumulators (kHeads query heads per warp, kPerLane
 // elements of each per lane) take only the registers they need.
-constexpr int kMaxPerLane = kMaxHeadDim / 32;
-constexpr int kMaxHeadsPerWarp = kMaxGqaRatio / kAttnWarps;
 
 // Shared-memory layout of PagedAttentionKernel, in floats. Lane j computes the
 // score of key j of a tile with 16-byte loads along its K row: rows (and q)
@@ -774,10 +785,16 @@ cudaError_t SkinnyGemm(const T* x, int rows, int k, const T* w, int out, float* 
   if (rows < 1 || rows > kMaxSkinnyRows || !SkinnyGemmSupported<T>(k)) return cudaErrorInvalidValue;
   const unsigned blocks =
       static_cast<unsigned>((static_cast<int64_t>(out) * 32 + kSkinnyThreads - 1) / kSkinnyThreads);
+  const size_t staged = static_cast<size_t>(rows) * k * sizeof(T);
+  const bool stage = staged <= kSkinnyStageBytes;
   switch (rows) {
-#define COALESCE_SKINNY_CASE(R)                                                     \
-  case R:                                                                           \
-    SkinnyGemmKernel<T, R><<<blocks, kSkinnyThreads, 0, stream>>>(x, k, w, out, y); \
+#define COALESCE_SKINNY_CASE(R)                                                                  \
+  case R:                                                                                        \
+    if (stage) {                                                                                 \
+      SkinnyGemmKernel<T, R, true><<<blocks, kSkinnyThreads, staged, stream>>>(x, k, w, out, y); \
+    } else {                                                                                     \
+      SkinnyGemmKernel<T, R, false><<<blocks, kSkinnyThreads, 0, stream>>>(x, k, w, out, y);     \
+    }                                                                                            \
     break;
     COALESCE_SKINNY_CASE(1)
     COALESCE_SKINNY_CASE(2)

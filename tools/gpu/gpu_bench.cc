@@ -11,7 +11,7 @@
 //   - decode at batch 1, 2, 4, ..., 256: tokens/s, time per step, achieved
 //     bandwidth and TFLOP/s, and throughput relative to batch 1;
 //   - CUDA graphs on against off (1B, batch 1 and 8);
-//   - our skinny product against cuBLAS for one-token steps (8B);
+//   - our skinny product against cuBLAS for steps of 1 to 8 tokens (8B);
 //   - where a decode step's device time goes, stage by stage (8B, batch 1
 //     and 64);
 //   - a 512-token prefill.
@@ -137,7 +137,7 @@ ModelConfig LlamaShape(int dim, int hidden, int layers, int heads, int kv_heads,
 }
 
 std::unique_ptr<Backend> MakeBackend(const ModelConfig& config, bool graphs, int max_batch,
-                                     bool skinny = true,
+                                     int skinny_rows = 1,
                                      std::shared_ptr<StageTimes> stage_times = nullptr) {
   auto model = std::make_shared<Model>();
   model->config = config;
@@ -149,7 +149,7 @@ std::unique_ptr<Backend> MakeBackend(const ModelConfig& config, bool graphs, int
   options.max_batch_tokens = std::max(kPrompt, max_batch);
   options.max_seqs = max_batch;
   options.cuda_graphs = graphs;
-  options.skinny_gemm = skinny;
+  options.skinny_gemm_rows = skinny_rows;
   options.stage_times = std::move(stage_times);
   options.random_weights = true;
   options.fill_kv_cache_random = true;
@@ -277,7 +277,7 @@ void BenchGraphs(const Shape& shape) {
 // Device time per stage of a decode step (eager, an event between stages).
 void BenchStages(const Shape& shape, int batch) {
   auto times = std::make_shared<StageTimes>();
-  auto backend = MakeBackend(shape.config, false, batch, true, times);
+  auto backend = MakeBackend(shape.config, false, batch, 1, times);
   TimeDecode(*backend, batch, kPrompt, 2, 0);  // warm-up
   *times = StageTimes{};
   const double step = TimeDecode(*backend, batch, kPrompt, 8, 0);
@@ -296,19 +296,26 @@ void BenchStages(const Shape& shape, int batch) {
               total / times->steps * 1e3, step * 1e3);
 }
 
-// Our skinny product against cuBLAS for the projections of one-token steps
-// (the backend uses it only there: see cuda_backend.cc's Gemm).
+// Our skinny product against cuBLAS for the projections of small steps: the
+// data behind CudaBackendOptions::skinny_gemm_rows.
 void BenchSkinny(const Shape& shape) {
-  double skinny = 0, cublas = 0;
-  for (const bool use_skinny : {true, false}) {
-    auto backend = MakeBackend(shape.config, true, 1, use_skinny);
-    (use_skinny ? skinny : cublas) = TimeDecode(*backend, 1, kPrompt, 64, 3);
-  }
   std::printf(
-      "\n## Projections of a one-token step: skinny kernel against cuBLAS, %s shape, "
-      "decode at position %d\n\n| batch | skinny ms/step | cuBLAS ms/step | speed-up |\n"
-      "|---:|---:|---:|---:|\n| 1 | %.3f | %.3f | %.2fx |\n",
-      shape.name, kPrompt, skinny * 1e3, cublas * 1e3, cublas / skinny);
+      "\n## Projections of small decode steps: skinny kernel against cuBLAS, %s shape, "
+      "position %d\n\n| batch | skinny ms/step | cuBLAS ms/step | speed-up |\n"
+      "|---:|---:|---:|---:|\n",
+      shape.name, kPrompt);
+  double skinny[4], cublas[4];
+  const int batches[4] = {1, 2, 4, 8};
+  for (const int rows : {8, 0}) {
+    auto backend = MakeBackend(shape.config, true, 8, rows);
+    for (int i = 0; i < 4; ++i) {
+      (rows > 0 ? skinny : cublas)[i] = TimeDecode(*backend, batches[i], kPrompt, 32, 3);
+    }
+  }
+  for (int i = 0; i < 4; ++i) {
+    std::printf("| %d | %.3f | %.3f | %.2fx |\n", batches[i], skinny[i] * 1e3, cublas[i] * 1e3,
+                cublas[i] / skinny[i]);
+  }
 }
 
 int Main(int argc, char** argv) {
