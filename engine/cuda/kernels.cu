@@ -380,10 +380,14 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
             float kf[kVec], vf[kVec];
             Unpack(k_raw[u], kf, T{});
             Unpack(v_raw[u], vf, T{});
+            // 16-byte stores: both rows start on a float4 (k_stride and hd
+            // are multiples of 4 here, d of kVec).
+            float4* k_dst = reinterpret_cast<float4*>(k_tile + j * k_stride + d);
+            float4* v_dst = reinterpret_cast<float4*>(v_tile + j * hd + d);
 #pragma unroll
-            for (int e = 0; e < kVec; ++e) {
-              k_tile[j * k_stride + d + e] = kf[e];
-              v_tile[j * hd + d + e] = vf[e];
+            for (int e = 0; e < kVec / 4; ++e) {
+              k_dst[e] = make_float4(kf[4 * e], kf[4 * e + 1], kf[4 * e + 2], kf[4 * e + 3]);
+              v_dst[e] = make_float4(vf[4 * e], vf[4 * e + 1], vf[4 * e + 2], vf[4 * e + 3]);
             }
           }
         }
