@@ -20,6 +20,8 @@
 // never change, so a decode step can replay a CUDA graph captured for its
 // batch-size bucket: a batch of n decoding sequences runs as the smallest
 // bucket >= n, the extra rows decoding a dummy token into a scratch KV block.
+// ("cuBLAS" above: a step of one token takes the skinny product of
+// cuda/kernels.h instead, which reads the weights faster; see Gemm.)
 #include "engine/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>  // types only: the library is loaded with dlopen (LoadCublas)

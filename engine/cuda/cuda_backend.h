@@ -2,7 +2,8 @@
 //
 // A step runs the whole batch through the model at once: cuBLAS applies each
 // weight matrix to every token of the step in one call (q/k/v fused into one
-// matrix, gate/up into another), and our own kernels (cuda/kernels.h) do the
+// matrix, gate/up into another; a one-token step uses our own skinny product
+// instead), and our own kernels (cuda/kernels.h) do the
 // rest: embedding lookup, RMSNorm fused with the residual add, rotary
 // embeddings fused with writing K and V into the paged cache, attention over
 // the paged blocks (split along the sequence, one K/V read per group of query
