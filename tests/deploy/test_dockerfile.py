@@ -23,6 +23,10 @@ SERVER = os.environ.get("COALESCE_SERVER") or os.path.join(REPO, "build", "bin",
 CLI = os.environ.get("COALESCE_CLI") or os.path.join(REPO, "build", "bin", "coalesce-cli")
 # In debian:12-slim already and not listed: the C library.
 IN_BASE_IMAGE = {"libc6"}
+# The CUDA toolkit of a build with the CUDA backend (not a Debian package).
+# deploy/Dockerfile builds on debian:12 without it, so its binaries do not
+# link these; test_cpu_image_builds_without_cuda checks that premise.
+CUDA_ROOT = os.path.realpath(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 
 
 def instructions(path):
@@ -71,7 +75,8 @@ def needed_packages(binary):
     if shutil.which("ldd") is None or shutil.which("dpkg") is None:
         pytest.skip("needs ldd and dpkg (a Debian machine)")
     ldd = subprocess.run(["ldd", binary], capture_output=True, text=True, check=True).stdout
-    libs = re.findall(r"=> (/\S+)", ldd)
+    libs = [lib for lib in re.findall(r"=> (/\S+)", ldd)
+            if not os.path.realpath(lib).startswith(CUDA_ROOT + os.sep)]
     # One dpkg call for every path (each library as loaded and as resolved,
     # since merged /usr makes them differ): "package: path" for those it knows.
     paths = sorted(set(libs) | {os.path.realpath(lib) for lib in libs})
@@ -138,3 +143,12 @@ def _check_runtime(steps):
     assert "runAsUser: 10001" in deployment and "runAsGroup: 10001" in deployment
     copies = [arg for word, arg in steps if word == "COPY"]
     assert any("coalesce-server" in c and c.endswith("/usr/local/bin/") for c in copies), copies
+
+
+def test_cpu_image_builds_without_cuda():
+    """The CPU image's binaries link no CUDA library because its build stage
+    has no CUDA toolkit: CMake then leaves the CUDA backend out."""
+    base, steps = stages(DOCKERFILE)[0]
+    assert base.startswith("debian:12"), base
+    packages = installed_by(steps)
+    assert not [p for p in packages if "cuda" in p or p == "nvidia-cuda-toolkit"], packages
