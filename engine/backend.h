@@ -2,7 +2,9 @@
 // one batched model step over plain buffers. It owns the weights and the KV
 // cache memory; the caller owns the accounting of which KV block belongs to
 // which sequence and passes each sequence's block table with every step. The
-// CPU backend (cpu/) implements it today; a CUDA backend implements the same.
+// CPU backend (cpu/) and the CUDA backend (cuda/) implement it; so does the
+// null backend (null_backend.h), which does no arithmetic at all, for
+// measuring the server's own cost.
 #pragma once
 
 #include <cstdint>
@@ -97,7 +99,7 @@ class Backend {
 
   virtual const ModelConfig& config() const = 0;
   virtual const KvCacheConfig& kv_cache() const = 0;
-  virtual std::string_view name() const = 0;  // "cpu", "cuda"
+  virtual std::string_view name() const = 0;  // "cpu", "cuda", "null"
   // One line for the start-up log: the device, the precision, the KV cache.
   virtual std::string Describe() const { return std::string(name()); }
 

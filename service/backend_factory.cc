@@ -42,6 +42,16 @@ absl::StatusOr<BackendPlan> PlanBackend(const ServerOptions& options, bool cuda_
     case Device::kCpu:
       plan.device = Device::kCpu;
       break;
+    case Device::kNull:
+      // No arithmetic, so no precision to choose.
+      if (options.precision.has_value()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--dtype=", engine::PrecisionName(*options.precision),
+            ": the null backend does no arithmetic and has no precision; leave --dtype=auto"));
+      }
+      plan.device = Device::kNull;
+      plan.precision = engine::Precision::kFp32;
+      return plan;
     case Device::kAuto:
       plan.device = cuda_usable ? Device::kCuda : Device::kCpu;
       if (!cuda_usable) plan.fallback_reason = cuda_why_not;
@@ -86,6 +96,18 @@ absl::StatusOr<engine::CpuBackendOptions> CpuOptions(const ServerOptions& option
   return out;
 }
 
+absl::StatusOr<engine::NullBackendOptions> NullOptions(const ServerOptions& options,
+                                                       const engine::ModelConfig& config,
+                                                       int64_t physical_memory_bytes,
+                                                       std::span<const int32_t> eos_ids) {
+  ASSIGN_OR_RETURN(const engine::CpuBackendOptions cpu,
+                   CpuOptions(options, config, physical_memory_bytes));
+  engine::NullBackendOptions out;
+  out.kv_cache = cpu.kv_cache;
+  out.never_emit.assign(eos_ids.begin(), eos_ids.end());
+  return out;
+}
+
 absl::StatusOr<engine::CudaBackendOptions> CudaOptions(const ServerOptions& options,
                                                        const engine::ModelConfig& config,
                                                        engine::Precision precision) {
@@ -113,10 +135,12 @@ absl::StatusOr<engine::CudaBackendOptions> CudaOptions(const ServerOptions& opti
 }
 
 absl::StatusOr<std::unique_ptr<engine::Backend>> CreateBackend(
-    const ServerOptions& options, std::shared_ptr<const engine::Model> model) {
-  // --device=cpu never touches the CUDA driver.
+    const ServerOptions& options, std::shared_ptr<const engine::Model> model,
+    std::span<const int32_t> eos_ids) {
+  // --device=cpu and --device=null never touch the CUDA driver.
   std::string why_not;
-  const bool cuda_usable = options.device != Device::kCpu && engine::CudaDeviceUsable(&why_not);
+  const bool cuda_usable = (options.device == Device::kAuto || options.device == Device::kCuda) &&
+                           engine::CudaDeviceUsable(&why_not);
   ASSIGN_OR_RETURN(const BackendPlan plan, PlanBackend(options, cuda_usable, why_not));
   if (!plan.fallback_reason.empty()) {
     LogF(LogLevel::kInfo, "device auto: using the CPU: %s", plan.fallback_reason);
@@ -126,6 +150,10 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> CreateBackend(
     ASSIGN_OR_RETURN(const engine::CudaBackendOptions cuda,
                      CudaOptions(options, model->config, plan.precision));
     backend = engine::CreateCudaBackend(std::move(model), cuda);
+  } else if (plan.device == Device::kNull) {
+    ASSIGN_OR_RETURN(const engine::NullBackendOptions null,
+                     NullOptions(options, model->config, PhysicalMemoryBytes(), eos_ids));
+    backend = engine::CreateNullBackend(model->config, null);
   } else {
     ASSIGN_OR_RETURN(const engine::CpuBackendOptions cpu,
                      CpuOptions(options, model->config, PhysicalMemoryBytes()));

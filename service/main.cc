@@ -65,7 +65,9 @@ ABSL_FLAG(absl::Duration, priority_aging, absl::Seconds(10),
 ABSL_FLAG(int, threads, 0, "Engine compute threads (CPU backend). 0: one per core.");
 ABSL_FLAG(std::string, device, "auto",
           "Where the model runs: cuda (a start-up error without a usable CUDA device), "
-          "cpu, or auto (the GPU when one is usable, else the CPU, logging why).");
+          "cpu, or auto (the GPU when one is usable, else the CPU, logging why). null: "
+          "no arithmetic, for measuring the server's own cost (gRPC, streaming, "
+          "batching); output is meaningless.");
 ABSL_FLAG(std::string, dtype, "auto",
           "Precision of the weights and the KV cache: bf16, fp16 or fp32 on CUDA; only "
           "fp32 on the CPU. auto: bf16 on CUDA, fp32 on the CPU.");
@@ -213,7 +215,7 @@ int Serve(const ServerOptions& options) {
 
   // 2. The backend (--device, --dtype) and its KV cache.
   absl::StatusOr<std::unique_ptr<engine::Backend>> backend =
-      service::CreateBackend(options, loaded->model);
+      service::CreateBackend(options, loaded->model, loaded->tokenizer->eos_ids());
   if (!backend.ok()) {
     Log(LogLevel::kError, std::string(backend.status().message()));
     return backend.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
@@ -221,6 +223,11 @@ int Serve(const ServerOptions& options) {
   const engine::KvCacheConfig& kv = (*backend)->kv_cache();
   const int64_t context_blocks = (config.max_seq_len + kv.block_size - 1) / kv.block_size;
   LogF(LogLevel::kInfo, "backend: %s", (*backend)->Describe());
+  if ((*backend)->name() == "null") {
+    Log(LogLevel::kWarning,
+        "--device=null: the NULL backend does no arithmetic, for measuring the server's own "
+        "cost; its output is meaningless. Pass --device=cpu or cuda to run the model.");
+  }
   LogF(LogLevel::kInfo,
        "KV cache: %d blocks of %d tokens (%.1f MiB): %d tokens, %.1f full-context "
        "sequences",
@@ -246,9 +253,10 @@ int Serve(const ServerOptions& options) {
          "memory read bandwidth: %.1f GB/s (measured); one decode step reads at "
          "least %.1f MB of weights",
          info.memory_bandwidth / 1e9, (*backend)->weight_bytes() / 1e6);
-  } else {
+  } else if ((*backend)->name() != "null") {
     // Host memory bandwidth says nothing about a GPU's; left unmeasured (0),
-    // the bandwidth utilisation metric stays unset.
+    // the bandwidth utilisation metric stays unset (as for the null backend,
+    // which reads nothing).
     LogF(LogLevel::kInfo, "one decode step reads at least %.1f MB of weights",
          (*backend)->weight_bytes() / 1e6);
   }

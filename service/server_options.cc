@@ -20,16 +20,18 @@ const char* DeviceName(Device device) {
       return "cpu";
     case Device::kCuda:
       return "cuda";
+    case Device::kNull:
+      return "null";
   }
   return "unknown";
 }
 
 absl::StatusOr<Device> ParseDevice(const std::string& text) {
-  for (Device device : {Device::kAuto, Device::kCpu, Device::kCuda}) {
+  for (Device device : {Device::kAuto, Device::kCpu, Device::kCuda, Device::kNull}) {
     if (text == DeviceName(device)) return device;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("--device=", text, ": expected auto, cpu or cuda"));
+      absl::StrCat("--device=", text, ": expected auto, cpu, cuda or null"));
 }
 
 absl::StatusOr<std::optional<engine::Precision>> ParseDtype(const std::string& text) {

@@ -13,9 +13,11 @@
 namespace coalesce::service {
 
 // Where the model runs (--device). kAuto: the GPU when one is usable, else
-// the CPU (service/backend_factory.h decides).
-enum class Device { kAuto, kCpu, kCuda };
-const char* DeviceName(Device device);                        // "auto", "cpu", "cuda"
+// the CPU (service/backend_factory.h decides). kNull: nowhere, the null
+// backend (engine/null_backend.h), which does no arithmetic, for measuring
+// the server's own cost; its output is meaningless.
+enum class Device { kAuto, kCpu, kCuda, kNull };
+const char* DeviceName(Device device);                        // "auto", "cpu", "cuda", "null"
 absl::StatusOr<Device> ParseDevice(const std::string& text);  // --device
 
 struct ServerOptions {

@@ -30,6 +30,8 @@ packages=(
   # deploy tests (tests/deploy): a real Prometheus and promtool check the rules and
   # dashboard queries; PyYAML reads the rules and manifests
   prometheus python3-yaml
+  # the plots of the batching sweep (tools/bench/sweep.py, docs/benchmarks.md)
+  python3-matplotlib
 )
 
 missing=()

@@ -18,6 +18,9 @@ namespace {
 using engine::Precision;
 using ::testing::HasSubstr;
 
+// stories260K's end-of-sequence id, which the null backend must never emit.
+const std::vector<int32_t> kEos = {2};
+
 ServerOptions Options(Device device, std::optional<Precision> precision = std::nullopt) {
   ServerOptions o;
   o.device = device;
@@ -80,6 +83,21 @@ TEST(PlanBackendTest, DtypeOnCudaIsAnyAndOnTheCpuOnlyFp32) {
       PlanBackend(Options(Device::kAuto, Precision::kBf16), false, "no CUDA device (driver)");
   EXPECT_EQ(fallback.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(fallback.status().message()), HasSubstr("no CUDA device (driver)"));
+}
+
+TEST(PlanBackendTest, NullIsTheNullBackendAndTakesNoDtype) {
+  for (bool cuda_usable : {false, true}) {
+    absl::StatusOr<BackendPlan> plan = PlanBackend(Options(Device::kNull), cuda_usable, "none");
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->device, Device::kNull);
+    EXPECT_EQ(plan->fallback_reason, "");
+  }
+  // It has no precision: any --dtype but auto is a flag error.
+  for (Precision p : {Precision::kBf16, Precision::kFp16, Precision::kFp32}) {
+    absl::StatusOr<BackendPlan> plan = PlanBackend(Options(Device::kNull, p), true, "");
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(plan.status().message()), HasSubstr("null backend"));
+  }
 }
 
 TEST(KvSizingTest, BlockBytesFollowThePrecision) {
@@ -145,10 +163,52 @@ TEST(KvSizingTest, CpuKeepsItsMeaning) {
 TEST(CreateBackendTest, CpuRunsTheCpuBackend) {
   ServerOptions o = Options(Device::kCpu);
   o.kv_cache_memory = "1MiB";
-  absl::StatusOr<std::unique_ptr<engine::Backend>> backend = CreateBackend(o, TinyModel());
+  absl::StatusOr<std::unique_ptr<engine::Backend>> backend = CreateBackend(o, TinyModel(), kEos);
   ASSERT_TRUE(backend.ok()) << backend.status();
   EXPECT_EQ((*backend)->name(), "cpu");
   EXPECT_EQ((*backend)->kv_cache().num_blocks, (1 << 20) / 20480);
+}
+
+TEST(CreateBackendTest, NullRunsTheNullBackendWithTheCpusKvAccounting) {
+  ServerOptions o = Options(Device::kNull);
+  o.kv_cache_memory = "1MiB";
+  absl::StatusOr<std::unique_ptr<engine::Backend>> backend = CreateBackend(o, TinyModel(), kEos);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  engine::Backend& b = **backend;
+  EXPECT_EQ(b.name(), "null");
+  EXPECT_THAT(b.Describe(), HasSubstr("NO ARITHMETIC"));
+  EXPECT_THAT(b.Describe(), HasSubstr("meaningless"));
+  // The blocks the CPU backend would have, none of them held.
+  EXPECT_EQ(b.kv_cache().num_blocks, (1 << 20) / 20480);
+  EXPECT_EQ(b.kv_bytes_per_token(), 0);
+  EXPECT_EQ(b.weight_bytes(), 0);
+  absl::StatusOr<engine::NullBackendOptions> null =
+      NullOptions(o, TinyModel()->config, int64_t{1} << 30, kEos);
+  ASSERT_TRUE(null.ok()) << null.status();
+  EXPECT_EQ(null->kv_cache.num_blocks, (1 << 20) / 20480);
+  EXPECT_EQ(null->never_emit, kEos);
+
+  // It never emits the tokenizer's EOS id, whatever came before: one sequence
+  // decoding through every block of the cache (51 of 16 positions; a random
+  // id of the 512 would be EOS about 1.6 times in 816).
+  const int num_blocks = b.kv_cache().num_blocks;
+  std::vector<int32_t> table(num_blocks);
+  for (int i = 0; i < num_blocks; ++i) table[i] = i;
+  std::vector<engine::SampleSpec> sampling(1);
+  std::vector<int32_t> next(1);
+  int32_t token = 1;
+  for (int pos = 0; pos < num_blocks * 16; ++pos) {
+    const std::vector<int32_t> tokens = {token};
+    const std::vector<engine::SequenceStep> seqs = {{1, pos, table}};
+    ASSERT_TRUE(b.StepAndSample({tokens, seqs}, sampling, std::span<int32_t>(next)).ok());
+    token = next[0];
+    ASSERT_NE(token, kEos[0]) << "at position " << pos;
+  }
+
+  // A bad --kv_cache_memory is refused as for the CPU.
+  o.kv_cache_memory = "100";
+  EXPECT_EQ(CreateBackend(o, TinyModel(), kEos).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CreateBackendTest, WithoutAGpuAutoIsTheCpuAndCudaAnError) {
@@ -156,12 +216,12 @@ TEST(CreateBackendTest, WithoutAGpuAutoIsTheCpuAndCudaAnError) {
   if (engine::CudaDeviceUsable(&why)) GTEST_SKIP() << "a CUDA device is usable here";
   ServerOptions o = Options(Device::kAuto);
   o.kv_cache_memory = "1MiB";
-  absl::StatusOr<std::unique_ptr<engine::Backend>> automatic = CreateBackend(o, TinyModel());
+  absl::StatusOr<std::unique_ptr<engine::Backend>> automatic = CreateBackend(o, TinyModel(), kEos);
   ASSERT_TRUE(automatic.ok()) << automatic.status();
   EXPECT_EQ((*automatic)->name(), "cpu");
 
   o.device = Device::kCuda;
-  absl::StatusOr<std::unique_ptr<engine::Backend>> cuda = CreateBackend(o, TinyModel());
+  absl::StatusOr<std::unique_ptr<engine::Backend>> cuda = CreateBackend(o, TinyModel(), kEos);
   EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(cuda.status().message()), HasSubstr(why));
 }
@@ -170,7 +230,7 @@ TEST(FaultInjectionTest, StepsWorkUntilTheCountThenTheDeviceIsLostForGood) {
   ServerOptions o = Options(Device::kCpu);
   o.kv_cache_memory = "1MiB";
   o.fault_device_lost_after_steps = 2;
-  absl::StatusOr<std::unique_ptr<engine::Backend>> backend = CreateBackend(o, TinyModel());
+  absl::StatusOr<std::unique_ptr<engine::Backend>> backend = CreateBackend(o, TinyModel(), kEos);
   ASSERT_TRUE(backend.ok()) << backend.status();
   engine::Backend& b = **backend;
   EXPECT_EQ(b.name(), "cpu");

@@ -30,7 +30,9 @@ TEST(DeviceFlagsTest, ParsesDeviceDtypeAndFaultInjection) {
   EXPECT_EQ(*ParseDevice("auto"), Device::kAuto);
   EXPECT_EQ(*ParseDevice("cpu"), Device::kCpu);
   EXPECT_EQ(*ParseDevice("cuda"), Device::kCuda);
+  EXPECT_EQ(*ParseDevice("null"), Device::kNull);
   EXPECT_FALSE(ParseDevice("gpu").ok());
+  EXPECT_FALSE(ParseDevice("none").ok());
   EXPECT_FALSE(ParseDtype("auto")->has_value());
   EXPECT_EQ(**ParseDtype("bf16"), engine::Precision::kBf16);
   EXPECT_EQ(**ParseDtype("fp16"), engine::Precision::kFp16);

@@ -282,9 +282,13 @@ absl::StatusOr<ModelDescription> DescribeModel(const Config& config, Generator::
             {"num_parameters", info.num_parameters()},
             {"bos_token_id", info.bos_token_id()},
             {"eos_token_ids", d.limits.eos_token_ids}};
-  d.summary = absl::StrFormat("%s (%s, %.1fM parameters%s, max batch %d)", info.name(),
-                              info.backend(), info.num_parameters() / 1e6,
-                              info.synthetic() ? ", random weights" : "", info.max_batch_size());
+  // The null backend does no arithmetic: the numbers are the server's own
+  // cost, not the model's, and the report says so.
+  d.summary =
+      absl::StrFormat("%s (%s, %.1fM parameters%s%s, max batch %d)", info.name(), info.backend(),
+                      info.num_parameters() / 1e6, info.synthetic() ? ", random weights" : "",
+                      info.backend() == "null" ? ", NO ARITHMETIC: the server's own cost" : "",
+                      info.max_batch_size());
   return d;
 }
 
