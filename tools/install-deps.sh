@@ -18,6 +18,9 @@ packages=(
   libpcre2-dev
   # utf8proc: Unicode normalization (NFC, NFKC...) for tokenizer.json normalizers
   libutf8proc-dev
+  # OpenBLAS: the sgemm yardstick of coalesce-engine-bench --limits (the engine
+  # itself does not use BLAS)
+  libopenblas-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev clang-format git
   # fuzzing: clang's libFuzzer, AddressSanitizer and UBSan runtimes

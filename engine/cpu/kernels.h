@@ -15,7 +15,9 @@
 // batch-mates. The kernels below compute each dot product as 8 interleaved
 // partial sums over k (one AVX2 lane each, fused multiply-add, k in
 // increasing order), then add the lanes in one fixed order: a pure function
-// of the two input rows, whatever the batch, the tile or the thread.
+// of the two input rows, whatever the batch, the tile or the thread. On a
+// processor with AVX-512 the matrix product uses 16 lanes instead
+// (kernels_avx512.cc), chosen once per process, so the same holds there.
 //
 // Cost: about the same as sgemm for decode-sized batches (rows <= 64; faster
 // at 1 to 4 rows, where sgemm packs the whole weight matrix per call), and

@@ -1,11 +1,14 @@
 // coalesce-engine-bench: decode throughput of the engine alone (no gRPC) at
-// growing batch sizes, as ratios to batch 1 measured in the same run.
+// growing batch sizes, as ratios to batch 1 measured in the same run; with
+// --limits, also against the machine's limits measured in the same run.
 //
 //   build/bin/coalesce-engine-bench --model=synthetic:15m --batch_sizes=1,4,16,64
+//   build/bin/coalesce-engine-bench --model=synthetic:110m --batch_sizes=1,64 --limits
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -16,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "engine/cpu/cpu_backend.h"
+#include "engine/cpu/memory_bandwidth.h"
 #include "engine/sampler.h"
 #include "engine/synthetic.h"
 
@@ -30,9 +34,43 @@ ABSL_FLAG(bool, sample, false,
           "Pick each sequence's next token greedily (Backend::StepAndSample) and feed it back, "
           "as the server's engine loop does, instead of logits only (Backend::Step).");
 ABSL_FLAG(int, threads, 0, "Engine threads; 0: one per core.");
+ABSL_FLAG(bool, limits, false,
+          "Also measure, in the same run and on the same threads, the memory read bandwidth and "
+          "the rate of a large single-precision matrix product (OpenBLAS sgemm), and print the "
+          "smallest batch against the floor of weight bytes over that bandwidth and the largest "
+          "batch's arithmetic rate against that product's.");
+
+extern "C" {
+// OpenBLAS (libopenblas-dev), the yardstick of --limits: a well-kept sgemm.
+void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                 const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc);
+void openblas_set_num_threads(int num_threads);
+char* openblas_get_corename(void);
+}
 
 namespace coalesce {
 namespace {
+
+// FLOP/s of a 2048^3 single-precision product through OpenBLAS on `threads`
+// threads: the median of 5 after a warm-up.
+double SgemmRate(int threads) {
+  constexpr int n = 2048;
+  constexpr int kRowMajor = 101, kNoTrans = 111;
+  std::vector<float> a(static_cast<size_t>(n) * n), b(a.size()), c(a.size());
+  engine::Rng rng(3);
+  for (float& x : a) x = rng.NextFloat() - 0.5f;
+  for (float& x : b) x = rng.NextFloat() - 0.5f;
+  openblas_set_num_threads(threads);
+  std::vector<double> seconds;
+  for (int i = 0; i < 6; ++i) {
+    const absl::Time start = absl::Now();
+    cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
+                c.data(), n);
+    if (i > 0) seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  std::sort(seconds.begin(), seconds.end());
+  return 2.0 * n * n * n / seconds[seconds.size() / 2];
+}
 
 int Run() {
   absl::StatusOr<engine::Model> model = engine::BuildSyntheticModel(absl::GetFlag(FLAGS_model));
@@ -78,6 +116,7 @@ int Run() {
 
   std::vector<float> logits;
   double base_tps = 0;
+  std::vector<std::pair<int, double>> step_seconds;  // (batch, seconds per decode step)
   for (int batch : sizes) {
     std::vector<std::vector<int32_t>> tables(batch);
     for (int b = 0; b < batch; ++b) {
@@ -119,7 +158,37 @@ int Run() {
     if (base_tps == 0) base_tps = tps;
     std::printf("%6d %12.2f %12.1f %13.2fx\n", batch, seconds / (steps * repeat) * 1e3, tps,
                 tps / base_tps);
+    step_seconds.push_back({batch, seconds / (steps * repeat)});
   }
+  if (!absl::GetFlag(FLAGS_limits)) return 0;
+
+  // The machine's limits, measured now, on as many threads as the engine.
+  const int threads = options.threads > 0
+                          ? options.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const double bandwidth = engine::MeasureMemoryReadBandwidth(threads);
+  const double sgemm = SgemmRate(threads);
+  const double weight_bytes = static_cast<double>((*backend)->weight_bytes());
+  // Multiply-adds per decoded token: every weight once (the tied classifier
+  // included), plus attention's q.k and p.v over the cached positions.
+  const double mean_context = context + (steps - 1) / 2.0;
+  const double flops_per_token =
+      2.0 * config.num_parameters() + 4.0 * mean_context * config.dim * config.n_layers;
+  const auto [small_batch, small_seconds] = step_seconds.front();
+  const auto [large_batch, large_seconds] = step_seconds.back();
+  const double floor_seconds = weight_bytes / bandwidth;
+  const double rate = large_batch * flops_per_token / large_seconds;
+  std::printf("\nlimits, measured in this run on %d threads:\n", threads);
+  std::printf("  memory read bandwidth            %8.1f GB/s\n", bandwidth / 1e9);
+  std::printf("  sgemm 2048^3 (OpenBLAS, core %s) %8.1f GFLOP/s\n", openblas_get_corename(),
+              sgemm / 1e9);
+  std::printf(
+      "  batch %d: %.2f ms per step; floor (%.0f MB of weights over the bandwidth) "
+      "%.2f ms: %.1f%% of the bandwidth limit\n",
+      small_batch, small_seconds * 1e3, weight_bytes / 1e6, floor_seconds * 1e3,
+      100.0 * floor_seconds / small_seconds);
+  std::printf("  batch %d: %.1f GFLOP/s (%.0f MFLOP per token): %.1f%% of the sgemm rate\n",
+              large_batch, rate / 1e9, flops_per_token / 1e6, 100.0 * rate / sgemm);
   return 0;
 }
 
