@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace coalesce::engine {
 
@@ -107,13 +108,18 @@ absl::Status ValidateStep(const ModelConfig& config, const KvCacheConfig& kv,
   return status;
 }
 
+absl::Status CheckSampleSizes(const StepBatch& batch, size_t num_specs, size_t num_tokens) {
+  if (num_specs != batch.seqs.size() || num_tokens != batch.seqs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("StepAndSample: ", batch.seqs.size(),
+                                                   " sequences, ", num_specs, " sampling specs, ",
+                                                   num_tokens, " outputs"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Backend::StepAndSample(const StepBatch& batch, std::span<const SampleSpec> sampling,
                                     std::span<int32_t> tokens) {
-  if (sampling.size() != batch.seqs.size() || tokens.size() != batch.seqs.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("StepAndSample: ", batch.seqs.size(),
-                                                   " sequences, ", sampling.size(),
-                                                   " sampling specs, ", tokens.size(), " outputs"));
-  }
+  RETURN_IF_ERROR(CheckSampleSizes(batch, sampling.size(), tokens.size()));
   const size_t vocab = static_cast<size_t>(config().vocab_size);
   logits_.resize(batch.seqs.size() * vocab);
   if (absl::Status status = Step(batch, std::span<float>(logits_)); !status.ok()) return status;

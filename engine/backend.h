@@ -73,6 +73,9 @@ inline constexpr absl::StatusCode kDeviceLostCode = absl::StatusCode::kUnavailab
 absl::Status ValidateStep(const ModelConfig& config, const KvCacheConfig& kv,
                           const StepBatch& batch, std::vector<int32_t>& block_owner);
 
+// StepAndSample's sizes: one sampling spec and one output per sequence.
+absl::Status CheckSampleSizes(const StepBatch& batch, size_t num_specs, size_t num_tokens);
+
 class Backend {
  public:
   virtual ~Backend() = default;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace coalesce::engine {
 
@@ -66,11 +67,7 @@ class NullBackend final : public Backend {
   // are written and no draw is used.
   absl::Status StepAndSample(const StepBatch& batch, std::span<const SampleSpec> sampling,
                              std::span<int32_t> tokens) override {
-    if (sampling.size() != batch.seqs.size() || tokens.size() != batch.seqs.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("StepAndSample: ", batch.seqs.size(), " sequences, ", sampling.size(),
-                       " sampling specs, ", tokens.size(), " outputs"));
-    }
+    RETURN_IF_ERROR(CheckSampleSizes(batch, sampling.size(), tokens.size()));
     if (absl::Status s = ValidateStep(config_, kv_, batch, block_owner_); !s.ok()) return s;
     size_t end = 0;
     for (size_t i = 0; i < batch.seqs.size(); ++i) {

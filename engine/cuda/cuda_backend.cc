@@ -266,11 +266,7 @@ class CudaBackend final : public Backend {
   }
   absl::Status StepAndSample(const StepBatch& batch, std::span<const SampleSpec> sampling,
                              std::span<int32_t> tokens) override {
-    if (sampling.size() != batch.seqs.size() || tokens.size() != batch.seqs.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("StepAndSample: ", batch.seqs.size(), " sequences, ", sampling.size(),
-                       " sampling specs, ", tokens.size(), " outputs"));
-    }
+    RETURN_IF_ERROR(CheckSampleSizes(batch, sampling.size(), tokens.size()));
     return Run(batch, sampling, {}, tokens);
   }
   const ModelConfig& config() const override { return c_; }
