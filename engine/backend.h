@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "engine/model.h"
+#include "engine/precision.h"
 #include "engine/sampler.h"
 
 namespace coalesce::engine {
@@ -26,8 +27,10 @@ struct KvCacheConfig {
   int num_blocks = 0;   // blocks in the pool
 };
 
-// Bytes one KV block takes for `config` (K and V, all layers, float32).
-int64_t KvBlockBytes(const ModelConfig& config, int block_size);
+// Bytes one KV block takes for `config` (K and V, all layers) when the cache
+// holds `precision` (the CPU backend's is float32).
+int64_t KvBlockBytes(const ModelConfig& config, int block_size,
+                     Precision precision = Precision::kFp32);
 
 // Checks a model's shape (positive sizes, heads dividing the width, an even
 // head size, a context of at most 2^20) and, when check_weights, that every

@@ -50,10 +50,9 @@ std::vector<float> RopeInverseFrequencies(const ModelConfig& config) {
 
 // Declared in backend.h; lives here because it depends only on the shape, and
 // every backend (CPU, CUDA) uses the same per-block layout: K and V for every
-// layer, block_size positions of kv_dim floats each.
-int64_t KvBlockBytes(const ModelConfig& config, int block_size) {
-  return int64_t{2} * config.n_layers * block_size * config.kv_dim() *
-         static_cast<int64_t>(sizeof(float));
+// layer, block_size positions of kv_dim elements each.
+int64_t KvBlockBytes(const ModelConfig& config, int block_size, Precision precision) {
+  return int64_t{2} * config.n_layers * block_size * config.kv_dim() * PrecisionBytes(precision);
 }
 
 }  // namespace coalesce::engine

@@ -1,9 +1,10 @@
-// Precision names (engine/cuda/cuda_backend.h): in every build, with or
-// without the CUDA backend, so flags and tools parse them the same way.
+// Precision names and sizes (precision.h): in every build, with or without
+// the CUDA backend, so flags and tools parse them the same way.
+#include "engine/precision.h"
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "engine/cuda/cuda_backend.h"
 
 namespace coalesce::engine {
 
@@ -18,6 +19,8 @@ const char* PrecisionName(Precision precision) {
   }
   return "unknown";
 }
+
+int PrecisionBytes(Precision precision) { return precision == Precision::kFp32 ? 4 : 2; }
 
 absl::StatusOr<Precision> ParsePrecision(const std::string& text) {
   for (Precision precision : {Precision::kBf16, Precision::kFp16, Precision::kFp32}) {

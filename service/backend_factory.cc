@@ -74,12 +74,6 @@ absl::StatusOr<BackendPlan> PlanBackend(const ServerOptions& options, bool cuda_
   return plan;
 }
 
-int64_t KvBlockBytesAt(const engine::ModelConfig& config, int block_size,
-                       engine::Precision precision) {
-  const int64_t element_bytes = precision == engine::Precision::kFp32 ? 4 : 2;
-  return int64_t{2} * config.n_layers * block_size * config.kv_dim() * element_bytes;
-}
-
 absl::StatusOr<engine::CpuBackendOptions> CpuOptions(const ServerOptions& options,
                                                      const engine::ModelConfig& config,
                                                      int64_t physical_memory_bytes) {
@@ -126,7 +120,7 @@ absl::StatusOr<engine::CudaBackendOptions> CudaOptions(const ServerOptions& opti
   } else if (memory.fraction > 0) {
     out.kv_memory_fraction = memory.fraction;
   } else {
-    const int64_t block_bytes = KvBlockBytesAt(config, options.kv_block_size, precision);
+    const int64_t block_bytes = engine::KvBlockBytes(config, options.kv_block_size, precision);
     const int64_t num_blocks = memory.bytes / block_bytes;
     RETURN_IF_ERROR(CheckNumBlocks(num_blocks, block_bytes, options.kv_cache_memory));
     out.num_blocks = static_cast<int>(num_blocks);

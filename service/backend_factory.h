@@ -49,12 +49,6 @@ struct BackendPlan {
 absl::StatusOr<BackendPlan> PlanBackend(const ServerOptions& options, bool cuda_usable,
                                         const std::string& cuda_why_not);
 
-// Bytes one KV block of `block_size` positions takes at `precision`: K and V
-// of every layer, 2 * n_layers * block_size * kv_dim * element bytes (2 for
-// bf16 and fp16, 4 for fp32).
-int64_t KvBlockBytesAt(const engine::ModelConfig& config, int block_size,
-                       engine::Precision precision);
-
 // The CPU backend's options: --kv_cache_memory against `physical_memory_bytes`.
 absl::StatusOr<engine::CpuBackendOptions> CpuOptions(const ServerOptions& options,
                                                      const engine::ModelConfig& config,

@@ -8,7 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "batcher/scheduler.h"
-#include "engine/cuda/cuda_backend.h"
+#include "engine/precision.h"
 
 namespace coalesce::service {
 

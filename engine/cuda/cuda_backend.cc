@@ -275,7 +275,7 @@ class CudaBackend final : public Backend {
   std::string Describe() const override;
   int64_t weight_bytes() const override { return weight_bytes_; }
   int64_t kv_bytes_per_token() const override {
-    return int64_t{2} * c_.n_layers * c_.kv_dim() * static_cast<int64_t>(sizeof(T));
+    return KvBlockBytes(c_, 1, TypeInfo<T>::kPrecision);
   }
 
  private:

@@ -27,14 +27,9 @@
 #include "absl/status/statusor.h"
 #include "engine/backend.h"
 #include "engine/model.h"
+#include "engine/precision.h"
 
 namespace coalesce::engine {
-
-enum class Precision { kBf16, kFp16, kFp32 };
-// "bf16", "fp16", "fp32".
-const char* PrecisionName(Precision precision);
-// Parses "bf16" / "fp16" / "fp32"; InvalidArgument otherwise.
-absl::StatusOr<Precision> ParsePrecision(const std::string& text);
 
 // Where a step's device time goes, for benchmarks: with
 // CudaBackendOptions::stage_times set, every step runs eagerly (no graphs)

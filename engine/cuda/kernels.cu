@@ -271,10 +271,6 @@ __global__ void __launch_bounds__(kSkinnyThreads)
 
 constexpr int kAttnWarps = 4;
 constexpr int kAttnTile = 32;  // key positions per shared-memory tile: one per lane
-// The kernel is instantiated for the head size and GQA ratio it serves, so
-// that its per-lane output accumulators (kHeads query heads per warp, kPerLane
-// elements of each per lane) take only the registers they need.
-
 // Shared-memory layout of PagedAttentionKernel, in floats. Lane j computes the
 // score of key j of a tile with 16-byte loads along its K row: rows (and q)
 // are padded to whole float4s (zeros past head_dim), plus one float4 so that
@@ -299,6 +295,10 @@ size_t AttentionSharedBytes(int head_dim, int ratio) {
          (static_cast<size_t>(layout.v_offset(ratio)) + static_cast<size_t>(kAttnTile) * head_dim);
 }
 
+// Instantiated for the head size and GQA ratio it serves
+// (PickAttentionKernel), so that its per-lane output accumulators
+// (kHeadsPerWarp query heads per warp, kPerLane elements of each per lane)
+// take only the registers they need.
 template <typename T, int kHeadsPerWarp, int kPerLane>
 __global__ void __launch_bounds__(kAttnWarps * 32)
     PagedAttentionKernel(const float* q, const T* k_cache, const T* v_cache,

@@ -104,9 +104,10 @@ TEST(KvSizingTest, BlockBytesFollowThePrecision) {
   const engine::ModelConfig& c = TinyModel()->config;  // 5 layers, kv_dim 32
   ASSERT_EQ(c.n_layers, 5);
   ASSERT_EQ(c.kv_dim(), 32);
-  EXPECT_EQ(KvBlockBytesAt(c, 16, Precision::kBf16), 2 * 5 * 16 * 32 * 2);
-  EXPECT_EQ(KvBlockBytesAt(c, 16, Precision::kFp16), 2 * 5 * 16 * 32 * 2);
-  EXPECT_EQ(KvBlockBytesAt(c, 16, Precision::kFp32), engine::KvBlockBytes(c, 16));
+  EXPECT_EQ(engine::KvBlockBytes(c, 16, Precision::kBf16), 2 * 5 * 16 * 32 * 2);
+  EXPECT_EQ(engine::KvBlockBytes(c, 16, Precision::kFp16), 2 * 5 * 16 * 32 * 2);
+  EXPECT_EQ(engine::KvBlockBytes(c, 16, Precision::kFp32), 2 * 5 * 16 * 32 * 4);
+  EXPECT_EQ(engine::KvBlockBytes(c, 16), engine::KvBlockBytes(c, 16, Precision::kFp32));
 }
 
 TEST(KvSizingTest, CudaAutoAndFractionsAreLeftToTheBackendSizesAreBlocks) {
