@@ -159,24 +159,22 @@ void CpuBackend::Attention(const StepBatch& batch, int layer) {
     for (int b = 0; b * bs <= pos; ++b) {
       const float* keys = Cache(table[b], layer, 0) + kv_offset;  // [block_size, kv_dim]
       const int n = std::min(bs, pos + 1 - b * bs);
+      float* scores = att + b * bs;
+      cpu::DotRows(q, keys, kv_dim, n, hs, scores);
       for (int o = 0; o < n; ++o) {
-        const float s = cpu::Dot(q, keys + static_cast<size_t>(o) * kv_dim, hs) * inv_sqrt;
-        att[b * bs + o] = s;
-        max_score = std::max(max_score, s);
+        scores[o] *= inv_sqrt;
+        max_score = std::max(max_score, scores[o]);
       }
     }
     const float inv_sum = 1.0f / simd::ExpShiftedInPlace(att, pos + 1, max_score, 1.0f);
+    for (int o = 0; o <= pos; ++o) att[o] *= inv_sum;
 
     float* out = att_.data() + static_cast<size_t>(t) * dim + h * hs;  // [head_size]
     std::fill(out, out + hs, 0.0f);
     for (int b = 0; b * bs <= pos; ++b) {
       const float* values = Cache(table[b], layer, 1) + kv_offset;  // [block_size, kv_dim]
       const int n = std::min(bs, pos + 1 - b * bs);
-      for (int o = 0; o < n; ++o) {
-        const float a = att[b * bs + o] * inv_sum;
-        const float* v = values + static_cast<size_t>(o) * kv_dim;
-        for (int i = 0; i < hs; ++i) out[i] += a * v[i];
-      }
+      cpu::AccumulateRows(att + b * bs, values, kv_dim, n, hs, out);
     }
   };
   // About 4 flops per cached position and head dimension; below ~64K a

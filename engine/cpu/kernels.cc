@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/cpu/matmul_rows.h"
+#include "engine/cpu/matmul_panels.h"
 #include "engine/simd.h"
 
 namespace coalesce::engine::cpu {
@@ -21,84 +21,140 @@ inline __m256i TailMask(int rem) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kMask + 8 - rem));
 }
 
-// AVX2: a register tile of RW rows of W against RX rows of X, RW * RX
-// accumulators. 3 x 4 (12 accumulators + 3 W vectors + 1 X vector = 16 ymm
-// registers) keeps both FMA ports busy; the smaller shapes handle the edges
-// with the same per-element arithmetic.
-struct Avx2Kernel {
-  static constexpr int kTileW = 3;
-  static constexpr int kTileX = 4;
+// The first n lanes (n clamped to 0..8).
+inline __m256i FirstLanes(int n) { return TailMask(std::clamp(n, 0, 8)); }
 
-  template <int RW, int RX>
-  static void Tile(const float* x, int64_t ldx, const float* w, int k, float* y, int64_t ldy) {
-    __m256 acc[RX][RW];
-    for (int a = 0; a < RX; ++a) {
-      for (int b = 0; b < RW; ++b) acc[a][b] = _mm256_setzero_ps();
-    }
-    int kk = 0;
-    for (; kk + 8 <= k; kk += 8) {
-      __m256 wv[RW];
-      for (int b = 0; b < RW; ++b) wv[b] = _mm256_loadu_ps(w + int64_t{b} * k + kk);
-      for (int a = 0; a < RX; ++a) {
-        const __m256 xv = _mm256_loadu_ps(x + a * ldx + kk);
-        for (int b = 0; b < RW; ++b) acc[a][b] = _mm256_fmadd_ps(xv, wv[b], acc[a][b]);
+// In-register transpose of 8 rows of 8 floats: afterwards r[c] holds column c.
+inline void Transpose8x8(__m256 r[8]) {
+  __m256 t[8];
+  for (int i = 0; i < 4; ++i) {
+    // Per 128-bit lane L: (a[4L], b[4L], a[4L+1], b[4L+1]) and the same for 4L+2, 4L+3.
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  __m256 u[8];
+  for (int i = 0; i < 2; ++i) {
+    // u[4i + c], lane L: rows 4i..4i+3 at column 4L + c.
+    u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);      // lane 0 of each
+    r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);  // lane 1 of each
+  }
+}
+
+// AVX2: a panel is 4 ymm vectors per k, processed as two halves of 16 rows;
+// a tile is 2 x 6 (12 accumulators + 2 W vectors + 1 broadcast of the 16
+// ymm registers), so both FMA ports stay busy.
+struct Avx2Kernel {
+  static constexpr int kTileX = 6;
+
+  // 16 rows at a time, as the AVX-512 kernel (which says why).
+  static void Pack(const float* w, int64_t ldw, int rows, int kb, float* panel) {
+    for (int r0 = 0; r0 < kPanel; r0 += 16) {
+      for (int k0 = 0; k0 < kb; k0 += 8) {
+        const int nk = std::min(8, kb - k0);
+        const __m256i kmask = FirstLanes(nk);
+        for (int q = r0; q < r0 + 16; q += 8) {
+          __m256 r[8];
+          for (int i = 0; i < 8; ++i) {
+            const int row = q + i;
+            r[i] = row < rows ? _mm256_maskload_ps(w + row * ldw + k0, kmask) : _mm256_setzero_ps();
+          }
+          Transpose8x8(r);
+          for (int c = 0; c < nk; ++c) _mm256_store_ps(panel + (k0 + c) * kPanel + q, r[c]);
+        }
       }
     }
-    if (kk < k) {
-      const __m256i mask = TailMask(k - kk);
-      __m256 wv[RW];
-      for (int b = 0; b < RW; ++b) wv[b] = _mm256_maskload_ps(w + int64_t{b} * k + kk, mask);
+  }
+
+  template <int RX>
+  static void Tile(const float* x, int64_t ldx, const float* panel, int kb, bool accumulate,
+                   int rows, float* y, int64_t ldy, const Prefetch& next) {
+    for (int half = 0; half * 16 < rows; ++half) {
+      const int r0 = half * 16;
+      const __m256i m0 = FirstLanes(rows - r0), m1 = FirstLanes(rows - r0 - 8);
+      __m256 acc[RX][2];
       for (int a = 0; a < RX; ++a) {
-        const __m256 xv = _mm256_maskload_ps(x + a * ldx + kk, mask);
-        for (int b = 0; b < RW; ++b) acc[a][b] = _mm256_fmadd_ps(xv, wv[b], acc[a][b]);
+        if (accumulate) {
+          acc[a][0] = _mm256_maskload_ps(y + a * ldy + r0, m0);
+          acc[a][1] = _mm256_maskload_ps(y + a * ldy + r0 + 8, m1);
+        } else {
+          acc[a][0] = acc[a][1] = _mm256_setzero_ps();
+        }
       }
-    }
-    for (int a = 0; a < RX; ++a) {
-      for (int b = 0; b < RW; ++b) y[a * ldy + b] = HorizontalSum(acc[a][b]);
+      for (int kk = 0; kk < kb; ++kk) {
+        if (half == 0) next.At(kk);
+        const __m256 w0 = _mm256_load_ps(panel + kk * kPanel + r0);
+        const __m256 w1 = _mm256_load_ps(panel + kk * kPanel + r0 + 8);
+        for (int a = 0; a < RX; ++a) {
+          const __m256 xv = _mm256_broadcast_ss(x + a * ldx + kk);
+          acc[a][0] = _mm256_fmadd_ps(w0, xv, acc[a][0]);
+          acc[a][1] = _mm256_fmadd_ps(w1, xv, acc[a][1]);
+        }
+      }
+      for (int a = 0; a < RX; ++a) {
+        _mm256_maskstore_ps(y + a * ldy + r0, m0, acc[a][0]);
+        _mm256_maskstore_ps(y + a * ldy + r0 + 8, m1, acc[a][1]);
+      }
     }
   }
 };
 
-void MatmulRowsAvx2(const float* x, int64_t ldx, int m, const float* w, int j0, int j1, int k,
-                    float* y, int64_t ldy) {
-  MatmulRowsWith<Avx2Kernel>(x, ldx, m, w, j0, j1, k, y, ldy);
-}
-
-// The product's kernel, chosen once per process from what the processor
-// has, so every call (whatever its batch) computes each element the same way.
-struct MatmulKernel {
-  MatmulRowsFn rows;
-  int tile_w;  // rows of W per tile: tasks split W on these
-};
-const MatmulKernel& ChosenKernel() {
-  static const MatmulKernel kernel = __builtin_cpu_supports("avx512f")
-                                         ? MatmulKernel{MatmulRowsAvx512, kAvx512TileW}
-                                         : MatmulKernel{MatmulRowsAvx2, Avx2Kernel::kTileW};
-  return kernel;
+MatmulPanelsFn ChosenKernel(MatmulIsa isa) {
+  return isa == MatmulIsa::kAvx512 ? MatmulPanelsAvx512 : MatmulPanelsAvx2;
 }
 
 }  // namespace
 
+void MatmulPanelsAvx2(const float* x, int64_t ldx, int m, const float* w, int n, int j0, int j1,
+                      int k, float* y, int64_t ldy) {
+  MatmulPanelsWith<Avx2Kernel>(x, ldx, m, w, n, j0, j1, k, y, ldy);
+}
+
+MatmulIsa BestMatmulIsa() {
+  static const MatmulIsa isa =
+      __builtin_cpu_supports("avx512f") ? MatmulIsa::kAvx512 : MatmulIsa::kAvx2;
+  return isa;
+}
+
 void Matmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const float* w, int n, int k,
-            float* y, int64_t ldy) {
+            float* y, int64_t ldy, MatmulIsa isa) {
   if (m <= 0 || n <= 0) return;
+  const MatmulPanelsFn panels = ChosenKernel(isa);
+  if (k <= 0) {
+    for (int i = 0; i < m; ++i) std::fill(y + i * ldy, y + i * ldy + n, 0.0f);
+    return;
+  }
   // Below ~64K multiply-adds a thread handoff costs more than it saves.
   const int64_t work = int64_t{m} * n * k;
   const int threads = pool.size();
-  const MatmulKernel& kernel = ChosenKernel();
   if (threads == 1 || work < (int64_t{1} << 16)) {
-    kernel.rows(x, ldx, m, w, 0, n, k, y, ldy);
+    panels(x, ldx, m, w, n, 0, n, k, y, ldy);
     return;
   }
-  // A few tasks per thread for balance, each a whole number of W tiles.
-  const int tile_w = kernel.tile_w;
-  const int tiles = (n + tile_w - 1) / tile_w;
-  const int tasks = std::min(tiles, threads * 4);
+  // A few tasks per thread for balance, each a whole number of panels.
+  const int num_panels = (n + kPanel - 1) / kPanel;
+  const int tasks = std::min(num_panels, threads * 4);
   pool.ParallelFor(tasks, [&](int task, int) {
-    const int j0 = std::min(n, static_cast<int>(int64_t{tiles} * task / tasks) * tile_w);
-    const int j1 = std::min(n, static_cast<int>(int64_t{tiles} * (task + 1) / tasks) * tile_w);
-    kernel.rows(x, ldx, m, w, j0, j1, k, y, ldy);
+    const int j0 = std::min(n, static_cast<int>(int64_t{num_panels} * task / tasks) * kPanel);
+    const int j1 = std::min(n, static_cast<int>(int64_t{num_panels} * (task + 1) / tasks) * kPanel);
+    panels(x, ldx, m, w, n, j0, j1, k, y, ldy);
   });
+}
+
+void MatmulReference(const float* x, int64_t ldx, int m, const float* w, int n, int k, float* y,
+                     int64_t ldy) {
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) {
+      float acc = 0.0f;
+      for (int kk = 0; kk < k; ++kk) acc = std::fma(w[int64_t{j} * k + kk], x[i * ldx + kk], acc);
+      y[i * ldy + j] = acc;
+    }
+  }
 }
 
 float Dot(const float* a, const float* b, int n) {
@@ -111,6 +167,85 @@ float Dot(const float* a, const float* b, int n) {
     acc = _mm256_fmadd_ps(_mm256_maskload_ps(a + i, mask), _mm256_maskload_ps(b + i, mask), acc);
   }
   return HorizontalSum(acc);
+}
+
+namespace {
+
+// Attention reads a head's slice of each cached row, rows a whole KV row
+// apart: a pattern the hardware prefetcher does not follow, so the kernels
+// ask for the row kRowsAhead positions on while they work on this one.
+// (Prefetching past the end of a block reads nothing that faults.)
+constexpr int kRowsAhead = 8;
+inline void PrefetchRows(const float* first, int64_t stride, int rows, int n) {
+  for (int r = 0; r < rows; ++r) {
+    for (int i = 0; i < n; i += 16) __builtin_prefetch(first + r * stride + i, 0, 3);
+  }
+}
+
+}  // namespace
+
+void DotRows(const float* q, const float* keys, int64_t stride, int count, int n, float* scores) {
+  int o = 0;
+  for (; o + 4 <= count; o += 4) {
+    // Four chains of Dot's arithmetic, interleaved so they overlap.
+    const float* k[4] = {keys + o * stride, keys + (o + 1) * stride, keys + (o + 2) * stride,
+                         keys + (o + 3) * stride};
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    PrefetchRows(keys + (o + kRowsAhead) * stride, stride, 4, n);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + i);
+      for (int r = 0; r < 4; ++r) acc[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[r] + i), acc[r]);
+    }
+    if (i < n) {
+      const __m256i mask = TailMask(n - i);
+      const __m256 qv = _mm256_maskload_ps(q + i, mask);
+      for (int r = 0; r < 4; ++r) {
+        acc[r] = _mm256_fmadd_ps(qv, _mm256_maskload_ps(k[r] + i, mask), acc[r]);
+      }
+    }
+    for (int r = 0; r < 4; ++r) scores[o + r] = HorizontalSum(acc[r]);
+  }
+  for (; o < count; ++o) scores[o] = Dot(q, keys + o * stride, n);
+}
+
+namespace {
+
+// AccumulateRows on NV vectors of 8 (the last `tail` lanes wide when tail > 0).
+template <int NV>
+void AccumulateChunk(const float* weights, const float* rows, int64_t stride, int count, int tail,
+                     float* out) {
+  const __m256i last = tail > 0 ? TailMask(tail) : FirstLanes(8);
+  __m256 acc[NV];
+  for (int v = 0; v < NV; ++v) {
+    acc[v] = v + 1 < NV ? _mm256_loadu_ps(out + 8 * v) : _mm256_maskload_ps(out + 8 * v, last);
+  }
+  for (int o = 0; o < count; ++o) {
+    PrefetchRows(rows + (o + kRowsAhead) * stride, stride, 1, 8 * NV);
+    const __m256 a = _mm256_broadcast_ss(weights + o);
+    const float* row = rows + o * stride;
+    for (int v = 0; v + 1 < NV; ++v)
+      acc[v] = _mm256_fmadd_ps(a, _mm256_loadu_ps(row + 8 * v), acc[v]);
+    acc[NV - 1] = _mm256_fmadd_ps(a, _mm256_maskload_ps(row + 8 * (NV - 1), last), acc[NV - 1]);
+  }
+  for (int v = 0; v + 1 < NV; ++v) _mm256_storeu_ps(out + 8 * v, acc[v]);
+  _mm256_maskstore_ps(out + 8 * (NV - 1), last, acc[NV - 1]);
+}
+
+}  // namespace
+
+void AccumulateRows(const float* weights, const float* rows, int64_t stride, int count, int n,
+                    float* out) {
+  using ChunkFn = void (*)(const float*, const float*, int64_t, int, int, float*);
+  static constexpr ChunkFn kChunk[8] = {AccumulateChunk<1>, AccumulateChunk<2>, AccumulateChunk<3>,
+                                        AccumulateChunk<4>, AccumulateChunk<5>, AccumulateChunk<6>,
+                                        AccumulateChunk<7>, AccumulateChunk<8>};
+  // Chunks of up to 64 columns, each held in registers for the whole run.
+  for (int c0 = 0; c0 < n; c0 += 64) {
+    const int width = std::min(64, n - c0);
+    kChunk[(width + 7) / 8 - 1](weights, rows + c0, stride, count, width % 8, out + c0);
+  }
 }
 
 void RmsNorm(const float* x, const float* weight, int n, float eps, float* out) {

@@ -12,16 +12,14 @@
 // row's position within its tile. A last-bit difference flips a greedy argmax
 // sooner or later (cpu_backend_test's BatchMatesDoNotChangeLogits fails with
 // sgemm), so a sequence would decode differently depending on its
-// batch-mates. The kernels below compute each dot product as 8 interleaved
-// partial sums over k (one AVX2 lane each, fused multiply-add, k in
-// increasing order), then add the lanes in one fixed order: a pure function
-// of the two input rows, whatever the batch, the tile or the thread. On a
-// processor with AVX-512 the matrix product uses 16 lanes instead
-// (kernels_avx512.cc), chosen once per process, so the same holds there.
+// batch-mates.
 //
-// Cost: about the same as sgemm for decode-sized batches (rows <= 64; faster
-// at 1 to 4 rows, where sgemm packs the whole weight matrix per call), and
-// about 1.7x slower than OpenBLAS's AVX-512 kernels for long prefills.
+// Matmul computes each element as one chain of fused multiply-adds over k in
+// increasing order (MatmulReference, one element at a time, is the
+// definition), vectorised across rows of W the way BLAS kernels are
+// (matmul_panels.h): a pure function of the two input rows, whatever the
+// batch, the tile, the thread or the instruction set (AVX2 and AVX-512 give
+// the same bits). The other kernels here (Dot, RmsNorm) are fixed-order too.
 #pragma once
 
 #include <cstdint>
@@ -30,15 +28,37 @@
 
 namespace coalesce::engine::cpu {
 
+// The matrix product's kernels. Both compute the same bits; AVX-512 is
+// faster where the processor has it.
+enum class MatmulIsa { kAvx2, kAvx512 };
+// AVX-512 where the processor has it, else AVX2 (decided once per process).
+MatmulIsa BestMatmulIsa();
+
 // y[i, j] = sum_k x[i, k] * w[j, k] for i < m, j < n: X times W transposed,
 // with W stored [out][in] as llama2.c stores it. Parallel over blocks of W's
 // rows, so W streams from memory once per call however many rows x has.
 //   x: [m, k] (row stride ldx)   w: [n, k]   y: [m, n] (row stride ldy)
 void Matmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const float* w, int n, int k,
-            float* y, int64_t ldy);
+            float* y, int64_t ldy, MatmulIsa isa = BestMatmulIsa());
 
-// Dot product of two length-n vectors in the fixed order described above.
+// The same product one element at a time, in scalar code: the definition
+// Matmul must equal bit for bit (tests compare the two).
+void MatmulReference(const float* x, int64_t ldx, int m, const float* w, int n, int k, float* y,
+                     int64_t ldy);
+
+// Dot product of two length-n vectors: 8 interleaved partial sums over k
+// (one AVX2 lane each, fused multiply-add), then the lanes in one fixed order.
 float Dot(const float* a, const float* b, int n);
+
+// scores[o] = Dot(q, keys + o * stride, n) for o < count: the same bits as
+// Dot, four rows at a time (attention's q . k over a run of cached keys).
+void DotRows(const float* q, const float* keys, int64_t stride, int count, int n, float* scores);
+
+// out[i] = fma(weights[o], rows[o * stride + i], out[i]) for o = 0, 1, ...,
+// count - 1 in that order, for every i < n (attention's p . V over a run of
+// cached values; out stays in registers across the run).
+void AccumulateRows(const float* weights, const float* rows, int64_t stride, int count, int n,
+                    float* out);
 
 // out[i] = weight[i] * (x[i] / sqrt(mean(x^2) + eps)), as run.c's rmsnorm.
 //   x, weight, out: [n]

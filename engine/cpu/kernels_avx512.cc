@@ -1,60 +1,116 @@
-// The AVX-512 kernel of the CPU matrix product (matmul_rows.h), compiled with
-// -mavx512f and chosen at run time only on processors that have it (ChosenKernel
-// in kernels.cc). Each output element is 16 interleaved partial sums over k
-// (one lane each, fused multiply-add, k in increasing order), then one fixed
-// reduction: like the AVX2 kernel, a pure function of its two input rows.
+// The AVX-512 kernel of the CPU matrix product (matmul_panels.h), compiled
+// with -mavx512f and chosen at run time only on processors that have it
+// (ChosenKernel in kernels.cc). Same arithmetic as the AVX2 kernel, so the
+// two give the same bits.
 #include <immintrin.h>
 
 #include <cstdint>
 
-#include "engine/cpu/matmul_rows.h"
+#include "engine/cpu/matmul_panels.h"
 
 namespace coalesce::engine::cpu {
 namespace {
 
-// 4 x 6: 24 accumulators + 4 W vectors + 1 X vector of the 32 zmm registers;
-// 10 loads feed 24 multiply-adds, so the FMA units, not the loads, set the
-// pace.
-struct Avx512Kernel {
-  static constexpr int kTileW = kAvx512TileW;
-  static constexpr int kTileX = 6;
+static_assert(kPanel == 32, "a panel row is two zmm vectors");
 
-  template <int RW, int RX>
-  static void Tile(const float* x, int64_t ldx, const float* w, int k, float* y, int64_t ldy) {
-    __m512 acc[RX][RW];
-    for (int a = 0; a < RX; ++a) {
-      for (int b = 0; b < RW; ++b) acc[a][b] = _mm512_setzero_ps();
-    }
-    int kk = 0;
-    for (; kk + 16 <= k; kk += 16) {
-      __m512 wv[RW];
-      for (int b = 0; b < RW; ++b) wv[b] = _mm512_loadu_ps(w + int64_t{b} * k + kk);
-      for (int a = 0; a < RX; ++a) {
-        const __m512 xv = _mm512_loadu_ps(x + a * ldx + kk);
-        for (int b = 0; b < RW; ++b) acc[a][b] = _mm512_fmadd_ps(xv, wv[b], acc[a][b]);
+// The first n lanes (n clamped to 0..16).
+inline __mmask16 FirstLanes(int n) {
+  if (n <= 0) return 0;
+  return n >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << n) - 1);
+}
+
+// In-register transpose of 16 rows of 16 floats: afterwards r[c] holds
+// column c of the input.
+inline void Transpose16x16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    // Per 128-bit lane L: (a[4L], b[4L], a[4L+1], b[4L+1]) and the same for 4L+2, 4L+3.
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  __m512 u[16];
+  for (int i = 0; i < 4; ++i) {
+    // u[4i + c], lane L: rows 4i..4i+3 at column 4L + c.
+    u[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int c = 0; c < 4; ++c) {
+    // Column 4L + c gathers lane L of u[c], u[4 + c], u[8 + c], u[12 + c].
+    const __m512 lo01 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44);  // u[c].L0 .L1 u[4+c].L0 .L1
+    const __m512 hi01 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);  // lanes 2, 3
+    const __m512 lo23 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512 hi23 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+    r[c] = _mm512_shuffle_f32x4(lo01, lo23, 0x88);       // lane 0 of each
+    r[4 + c] = _mm512_shuffle_f32x4(lo01, lo23, 0xDD);   // lane 1
+    r[8 + c] = _mm512_shuffle_f32x4(hi01, hi23, 0x88);   // lane 2
+    r[12 + c] = _mm512_shuffle_f32x4(hi01, hi23, 0xDD);  // lane 3
+  }
+}
+
+// 2 x 12: 24 accumulators + 2 W vectors + 1 broadcast of the 32 zmm
+// registers; per k, 2 loads and 12 broadcasts feed 24 multiply-adds, so the
+// FMA unit sets the pace.
+struct Avx512Kernel {
+  static constexpr int kTileX = 12;
+
+  // One half of the panel (16 rows) at a time: 16 streams from memory, which
+  // the hardware prefetcher follows better than 32.
+  static void Pack(const float* w, int64_t ldw, int rows, int kb, float* panel) {
+    for (int half = 0; half < 2; ++half) {
+      for (int k0 = 0; k0 < kb; k0 += 16) {
+        const int nk = std::min(16, kb - k0);
+        const __mmask16 kmask = FirstLanes(nk);
+        __m512 r[16];
+        for (int i = 0; i < 16; ++i) {
+          const int row = half * 16 + i;
+          r[i] =
+              row < rows ? _mm512_maskz_loadu_ps(kmask, w + row * ldw + k0) : _mm512_setzero_ps();
+        }
+        Transpose16x16(r);
+        for (int c = 0; c < nk; ++c) {
+          _mm512_store_ps(panel + (k0 + c) * kPanel + half * 16, r[c]);
+        }
       }
     }
-    if (kk < k) {
-      // The tail: masked lanes load zeros, and fma(0, 0, acc) adds nothing.
-      const __mmask16 mask = static_cast<__mmask16>((1u << (k - kk)) - 1);
-      __m512 wv[RW];
-      for (int b = 0; b < RW; ++b) wv[b] = _mm512_maskz_loadu_ps(mask, w + int64_t{b} * k + kk);
+  }
+
+  template <int RX>
+  static void Tile(const float* x, int64_t ldx, const float* panel, int kb, bool accumulate,
+                   int rows, float* y, int64_t ldy, const Prefetch& next) {
+    const __mmask16 m0 = FirstLanes(rows), m1 = FirstLanes(rows - 16);
+    __m512 acc[RX][2];
+    for (int a = 0; a < RX; ++a) {
+      if (accumulate) {
+        acc[a][0] = _mm512_maskz_loadu_ps(m0, y + a * ldy);
+        acc[a][1] = _mm512_maskz_loadu_ps(m1, y + a * ldy + 16);
+      } else {
+        acc[a][0] = acc[a][1] = _mm512_setzero_ps();
+      }
+    }
+    for (int kk = 0; kk < kb; ++kk) {
+      next.At(kk);
+      const __m512 w0 = _mm512_load_ps(panel + kk * kPanel);
+      const __m512 w1 = _mm512_load_ps(panel + kk * kPanel + 16);
       for (int a = 0; a < RX; ++a) {
-        const __m512 xv = _mm512_maskz_loadu_ps(mask, x + a * ldx + kk);
-        for (int b = 0; b < RW; ++b) acc[a][b] = _mm512_fmadd_ps(xv, wv[b], acc[a][b]);
+        const __m512 xv = _mm512_set1_ps(x[a * ldx + kk]);
+        acc[a][0] = _mm512_fmadd_ps(w0, xv, acc[a][0]);
+        acc[a][1] = _mm512_fmadd_ps(w1, xv, acc[a][1]);
       }
     }
     for (int a = 0; a < RX; ++a) {
-      for (int b = 0; b < RW; ++b) y[a * ldy + b] = _mm512_reduce_add_ps(acc[a][b]);
+      _mm512_mask_storeu_ps(y + a * ldy, m0, acc[a][0]);
+      _mm512_mask_storeu_ps(y + a * ldy + 16, m1, acc[a][1]);
     }
   }
 };
 
 }  // namespace
 
-void MatmulRowsAvx512(const float* x, int64_t ldx, int m, const float* w, int j0, int j1, int k,
-                      float* y, int64_t ldy) {
-  MatmulRowsWith<Avx512Kernel>(x, ldx, m, w, j0, j1, k, y, ldy);
+void MatmulPanelsAvx512(const float* x, int64_t ldx, int m, const float* w, int n, int j0, int j1,
+                        int k, float* y, int64_t ldy) {
+  MatmulPanelsWith<Avx512Kernel>(x, ldx, m, w, n, j0, j1, k, y, ldy);
 }
 
 }  // namespace coalesce::engine::cpu

@@ -68,10 +68,14 @@ def test_results_are_well_formed(sweep):
     assert set(sec["trade"]["analysis"]) == {"synthetic:tiny"}
 
     static = sec["static"]["points"]
-    assert sorted(p["params"]["batching"] for p in static) == ["continuous", "static"]
+    assert sorted((p["params"]["lengths"], p["params"]["batching"]) for p in static) == [
+        ("4:16", "continuous"), ("4:16", "static"),
+        ("4:16:log", "continuous"), ("4:16:log", "static")]
     assert all("requests" not in p["report"] for p in static)  # records are dropped
-    (pair,) = sec["static"]["analysis"]
-    assert pair["ratio"] > 0 and isinstance(pair["target_met"], bool)
+    pairs = sec["static"]["analysis"]
+    assert sorted(pair["lengths"] for pair in pairs) == ["4:16", "4:16:log"]
+    for pair in pairs:
+        assert pair["ratio"] > 0 and isinstance(pair["target_met"], bool)
 
     window = sec["window"]
     assert [p["params"]["batch_window_ms"] for p in window["points"]] == [0, 5]

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -32,6 +33,40 @@ TEST(IntRangeTest, ParsesOneValueOrARange) {
   EXPECT_FALSE(AbslParseFlag("256:64", &r, &error));
   EXPECT_FALSE(AbslParseFlag("1:2:3", &r, &error));
   EXPECT_FALSE(AbslParseFlag("x", &r, &error));
+  ASSERT_TRUE(AbslParseFlag("16:512:log", &r, &error));
+  EXPECT_TRUE(r.log);
+  EXPECT_EQ(AbslUnparseFlag(r), "16:512:log");
+  EXPECT_FALSE(AbslParseFlag("0:512:log", &r, &error));
+  EXPECT_FALSE(AbslParseFlag("16:512:exp", &r, &error));
+}
+
+// Log-uniform: each doubling of the length is about equally likely, so the
+// median is near the geometric mean, far below the uniform range's middle.
+TEST(WorkloadTest, LogUniformLengthsSpreadEvenlyOverDoublings) {
+  ModelLimits limits = Limits();
+  limits.context_length = 4096;
+  WorkloadOptions options;
+  options.prompt_tokens = {2, 2};
+  options.max_new_tokens = {16, 511, /*log=*/true};  // five doublings: 16, 32, ..., 256
+  options.seed = 3;
+  Workload w = *Workload::Create(options, limits);
+  int per_doubling[5] = {};
+  std::vector<int> lengths;
+  const int n = 5000;
+  for (int i = 0; i < n; ++i) {
+    const int len = w.Next().max_new_tokens;
+    ASSERT_GE(len, 16);
+    ASSERT_LE(len, 511);
+    lengths.push_back(len);
+    int d = 0;
+    while ((16 << (d + 1)) <= len) ++d;
+    ++per_doubling[d];
+  }
+  for (int d = 0; d < 5; ++d) {
+    EXPECT_NEAR(per_doubling[d], n / 5, n / 25) << "lengths " << (16 << d) << ".." << (32 << d);
+  }
+  std::nth_element(lengths.begin(), lengths.begin() + n / 2, lengths.end());
+  EXPECT_NEAR(lengths[n / 2], 90, 10);  // sqrt(16 * 512) = 90.5
 }
 
 TEST(WorkloadTest, GeneratedPromptsHaveExactLengthsAndNoSpecialIdsAfterBos) {

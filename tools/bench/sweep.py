@@ -76,9 +76,10 @@ GRIDS = {
             "model": "synthetic:15m",
             "max_batch_size": 16,
             "batch_window": "5ms",
-            "concurrency": [16, 32],
+            "concurrency": [16],
             "prompt_tokens": "32",
-            "max_new_tokens": "16:512",
+            # Uniform, then log-uniform (short outputs common, long ones rare).
+            "lengths": ["16:512", "16:512:log"],
             "warmup": "5s",
             "duration": "30s",
         },
@@ -111,7 +112,7 @@ GRIDS = {
             "batch_window": "5ms",
             "concurrency": [8],
             "prompt_tokens": "16",
-            "max_new_tokens": "16:128",
+            "lengths": ["16:128", "16:128:log"],
             "warmup": "1s",
             "duration": "6s",
         },
@@ -145,7 +146,7 @@ GRIDS = {
             "batch_window": "1ms",
             "concurrency": [4],
             "prompt_tokens": "8",
-            "max_new_tokens": "4:16",
+            "lengths": ["4:16", "4:16:log"],
             "warmup": "0.2s",
             "duration": "0.6s",
         },
@@ -453,6 +454,11 @@ def run_trade(runner, g):
     return points
 
 
+def length_label(lengths):
+    """'16:512' -> 'uniform 16:512', '16:512:log' -> 'log-uniform 16:512'."""
+    return ("log-uniform " + lengths[:-4]) if lengths.endswith(":log") else ("uniform " + lengths)
+
+
 def run_static(runner, g):
     points = []
     for mode in ("continuous", "static"):
@@ -460,19 +466,21 @@ def run_static(runner, g):
                  "--batch_window=" + g["batch_window"], "--batching=" + mode]
         server = runner.start("static-" + mode, flags)
         try:
-            for c in g["concurrency"]:
-                name = "static-%s-c%d" % (mode, c)
-                p = runner.bench(server, name, [
-                    "--concurrency=%d" % c, "--warmup=" + g["warmup"],
-                    "--duration=" + g["duration"], "--prompt_tokens=" + g["prompt_tokens"],
-                    "--max_new_tokens=" + g["max_new_tokens"], "--per_request"])
-                steady_state_throughput(p)
-                p["params"] = {"batching": mode, "concurrency": c}
-                points.append(p)
-                s = p["summary"]
-                log("static %s c=%d: %.1f tokens/s (%.1f with the drain), e2e p50 %.2f s "
-                    "(%.1f s)" % (mode, c, s["tokens_per_s"], s["tokens_per_s_with_drain"],
-                                  s["e2e_p50_s"], s["wall_s"]))
+            for lengths in g["lengths"]:
+                for c in g["concurrency"]:
+                    name = "static-%s-%s-c%d" % (
+                        mode, "log" if lengths.endswith(":log") else "uniform", c)
+                    p = runner.bench(server, name, [
+                        "--concurrency=%d" % c, "--warmup=" + g["warmup"],
+                        "--duration=" + g["duration"], "--prompt_tokens=" + g["prompt_tokens"],
+                        "--max_new_tokens=" + lengths, "--per_request"])
+                    steady_state_throughput(p)
+                    p["params"] = {"batching": mode, "concurrency": c, "lengths": lengths}
+                    points.append(p)
+                    s = p["summary"]
+                    log("static %s %s c=%d: %.1f tokens/s (%.1f with the drain), e2e p50 %.2f s "
+                        "(%.1f s)" % (mode, length_label(lengths), c, s["tokens_per_s"],
+                                      s["tokens_per_s_with_drain"], s["e2e_p50_s"], s["wall_s"]))
         finally:
             server.stop()
     return points
@@ -569,13 +577,16 @@ def analyze_trade(points):
 
 def analyze_static(points):
     out = []
-    for c in sorted({p["params"]["concurrency"] for p in points}):
-        by = {p["params"]["batching"]: p for p in points if p["params"]["concurrency"] == c}
+    settings = sorted({(p["params"]["lengths"], p["params"]["concurrency"]) for p in points})
+    for lengths, c in settings:
+        by = {p["params"]["batching"]: p for p in points
+              if (p["params"]["lengths"], p["params"]["concurrency"]) == (lengths, c)}
         if set(by) != {"continuous", "static"}:
             continue
         it, st = by["continuous"]["summary"], by["static"]["summary"]
         ratio = it["tokens_per_s"] / st["tokens_per_s"] if st["tokens_per_s"] else float("inf")
         out.append({
+            "lengths": lengths,
             "concurrency": c,
             "ratio": ratio,
             "tps_iteration": it["tokens_per_s"],
@@ -682,19 +693,20 @@ def plot_all(results, img_dir):
 
     if sec.get("static"):
         pts = sec["static"]["points"]
-        cs = sorted({p["params"]["concurrency"] for p in pts})
+        settings = sorted({(p["params"]["lengths"], p["params"]["concurrency"]) for p in pts})
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
         width = 0.38
         for i, mode in enumerate(("continuous", "static")):
-            by_c = {p["params"]["concurrency"]: p["summary"] for p in pts
-                    if p["params"]["batching"] == mode}
-            xs = [j + (i - 0.5) * width for j in range(len(cs))]
+            by = {(p["params"]["lengths"], p["params"]["concurrency"]): p["summary"]
+                  for p in pts if p["params"]["batching"] == mode}
+            xs = [j + (i - 0.5) * width for j in range(len(settings))]
             label = "iteration-level (continuous)" if mode == "continuous" else "static"
-            axes[0].bar(xs, [by_c[c]["tokens_per_s"] for c in cs], width, label=label)
-            axes[1].bar(xs, [by_c[c]["e2e_p50_s"] for c in cs], width, label=label)
+            axes[0].bar(xs, [by[k]["tokens_per_s"] for k in settings], width, label=label)
+            axes[1].bar(xs, [by[k]["e2e_p50_s"] for k in settings], width, label=label)
         for ax in axes:
-            ax.set_xticks(range(len(cs)))
-            ax.set_xticklabels(["concurrency %d" % c for c in cs])
+            ax.set_xticks(range(len(settings)))
+            ax.set_xticklabels(["%s\nconcurrency %d" % (length_label(l), c) for l, c in settings],
+                               fontsize=8)
             ax.grid(True, axis="y", alpha=0.3)
             ax.legend(fontsize=8)
         axes[0].set_ylabel("generated tokens/s")
@@ -855,21 +867,28 @@ def write_docs(results, doc_path, img_files):
         L.append("`--batching=continuous` (sequences join and leave at every step) against "
                  "`--batching=static` (a batch runs until its longest sequence ends), %s, "
                  "`--max_batch_size=%d --batch_window=%s`, closed loop, prompts of %s tokens and "
-                 "output lengths uniform over %s tokens; %s warm-up and %s measured per point. "
+                 "output lengths (`--max_new_tokens`) %s; %s warm-up and %s measured per point. "
+                 "A log-uniform length makes every doubling equally likely (16-31, 32-63, ..., "
+                 "256-511 tokens a fifth each), so short outputs are common and long ones rare, "
+                 "the skew of real chat traffic; a static batch then waits longer, relative to "
+                 "its mean, for its longest member. "
                  "The issue's target: at least %gx the throughput at no worse median end-to-end "
                  "latency. Throughput here is the steady state's: tokens of the requests that "
                  "ended while requests were still being sent, over that time (the drain at the "
                  "end, up to one longest request at a shrinking batch, is left out; the table "
                  "shows coalesce-bench's figure with it too).\n" % (
                      g["model"], g["max_batch_size"], g["batch_window"], g["prompt_tokens"],
-                     g["max_new_tokens"], g["warmup"], g["duration"], STATIC_TARGET_RATIO))
+                     " and ".join("%s tokens (`%s`)" % (length_label(l), l) for l in g["lengths"]),
+                     g["warmup"], g["duration"], STATIC_TARGET_RATIO))
         for s in a:
             L.append(
-                "At concurrency %d, iteration-level gives **%.2fx** the throughput of static "
+                "Output lengths %s, concurrency %d: iteration-level gives **%.2fx** the "
+                "throughput of static "
                 "(%s against %s tokens/s) at median end-to-end latency %s s against %s s: the "
                 "target is **%s**%s. Static batching ran %s sequences per engine step on "
                 "average, iteration-level %s (of %d slots).\n" % (
-                    s["concurrency"], s["ratio"], _f(s["tps_iteration"]), _f(s["tps_static"]),
+                    length_label(s["lengths"]), s["concurrency"], s["ratio"],
+                    _f(s["tps_iteration"]), _f(s["tps_static"]),
                     _f(s["e2e_p50_iteration_s"], 3), _f(s["e2e_p50_static_s"], 3),
                     "met" if s["target_met"] else "not met",
                     "" if s["target_met"] else (
@@ -879,13 +898,15 @@ def write_docs(results, doc_path, img_files):
                             "no worse" if s["latency_no_worse"] else "worse")),
                     _f(s["batch_static"]), _f(s["batch_iteration"]), g["max_batch_size"]))
         L.append(img("static", "iteration-level against static batching"))
-        L.append("| batching | concurrency | tokens/s | tokens/s with the drain | e2e p50 s | "
-                 "e2e p99 s | TTFT p50 ms | tokens per request | mean batch (server) | failed |")
-        L.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        L.append("| output lengths | batching | concurrency | tokens/s | tokens/s with the drain | "
+                 "e2e p50 s | e2e p99 s | TTFT p50 ms | tokens per request | mean batch (server) "
+                 "| failed |")
+        L.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for p in pts:
             s, v = p["summary"], p["server"]
-            L.append("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %d |" % (
-                p["params"]["batching"], p["params"]["concurrency"], _f(s["tokens_per_s"]),
+            L.append("| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %d |" % (
+                length_label(p["params"]["lengths"]), p["params"]["batching"],
+                p["params"]["concurrency"], _f(s["tokens_per_s"]),
                 _f(s["tokens_per_s_with_drain"]), _f(s["e2e_p50_s"], 3), _f(s["e2e_p99_s"], 3),
                 _f(s["ttft_p50_ms"]), _f(s["tokens_per_request"]), _f(v["mean_batch_size"]),
                 s["failed"]))

@@ -1,6 +1,7 @@
 #include "tools/bench/workload.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -20,11 +21,15 @@ namespace coalesce::bench {
 
 bool AbslParseFlag(absl::string_view text, IntRange* range, std::string* error) {
   std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
+  IntRange r;
+  if (parts.size() == 3 && parts[2] == "log") {
+    r.log = true;
+    parts.pop_back();
+  }
   if (parts.size() > 2) {
-    *error = "expected N or LO:HI";
+    *error = "expected N, LO:HI or LO:HI:log";
     return false;
   }
-  IntRange r;
   if (!absl::SimpleAtoi(parts[0], &r.lo)) {
     *error = absl::StrCat("not an integer: '", parts[0], "'");
     return false;
@@ -38,13 +43,17 @@ bool AbslParseFlag(absl::string_view text, IntRange* range, std::string* error) 
     *error = "LO must not exceed HI";
     return false;
   }
+  if (r.log && r.lo < 1) {
+    *error = "a log-uniform range must start at 1 or more";
+    return false;
+  }
   *range = r;
   return true;
 }
 
 std::string AbslUnparseFlag(const IntRange& range) {
   if (range.lo == range.hi) return absl::StrCat(range.lo);
-  return absl::StrCat(range.lo, ":", range.hi);
+  return absl::StrCat(range.lo, ":", range.hi, range.log ? ":log" : "");
 }
 
 // ---------------------------------------------------------------------------
@@ -156,6 +165,12 @@ absl::StatusOr<Workload> Workload::Create(const WorkloadOptions& options,
 
 RequestSpec Workload::Next() {
   auto uniform = [this](IntRange r) {
+    if (r.log && r.lo < r.hi) {
+      // exp of a uniform draw over [ln lo, ln (hi + 1)), rounded down.
+      const double u =
+          std::uniform_real_distribution<double>(std::log(r.lo), std::log(r.hi + 1.0))(rng_);
+      return std::clamp(static_cast<int>(std::exp(u)), r.lo, r.hi);
+    }
     return std::uniform_int_distribution<int>(r.lo, r.hi)(rng_);
   };
   if (!entries_.empty()) {

@@ -18,11 +18,14 @@
 
 namespace coalesce::bench {
 
-// An inclusive range of ints, written "128" (lo == hi) or "64:256". Usable as
-// an absl flag type.
+// An inclusive range of ints, written "128" (lo == hi), "64:256" (uniform)
+// or "16:512:log" (log-uniform: every factor of 2 in the range equally
+// likely, so short values are common and long ones rare, as output lengths
+// of real traffic are). Usable as an absl flag type.
 struct IntRange {
   int lo = 0;
   int hi = 0;
+  bool log = false;
 };
 bool AbslParseFlag(absl::string_view text, IntRange* range, std::string* error);
 std::string AbslUnparseFlag(const IntRange& range);

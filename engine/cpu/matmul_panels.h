@@ -1,0 +1,127 @@
+// The loop nest of the CPU matrix product, shared by its two kernels: AVX2
+// (kernels.cc) and AVX-512 (kernels_avx512.cc, compiled with -mavx512f and
+// used only where the processor has it).
+//
+// The arithmetic: every output element is one chain of fused multiply-adds
+// over k in increasing order, starting from 0:
+//   acc = 0;  for k: acc = fma(w[j, k], x[i, k], acc);  y[i, j] = acc
+// (MatmulReference in kernels.h is exactly this, one element at a time). No
+// element's result depends on the other rows of X or W, the tile, the thread
+// or the instruction set, so a sequence decodes the same alone or in any
+// batch, on any processor.
+//
+// The vectorisation is a BLAS-style one: a vector holds one k of kPanel
+// consecutive rows of W, and each row of X contributes a broadcast scalar, so
+// a register tile of W rows x X rows needs no reduction across lanes. W is
+// stored [out][in], so each block of kPanel rows is first transposed ("packed")
+// into a small buffer, [k][kPanel], kKBlock values of k at a time; the chain
+// of a block continues from the partial sum the previous block stored in y,
+// which is the same float the chain would have held in a register.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+
+namespace coalesce::engine::cpu {
+
+// Rows of W per packed panel (a task of the parallel product is a whole
+// number of panels).
+inline constexpr int kPanel = 32;
+// Values of k per packed panel (128 KiB, in L2): long runs along each row of
+// W, which streams from memory, and one pass for the usual widths.
+inline constexpr int kKBlock = 1024;
+
+// Rows [j0, j1) of W (j0 a multiple of kPanel) against all m rows of X:
+// y[i, j] = x[i, :] . w[j, :].
+//   x: [m, k] (row stride ldx)   w: [n, k]   y: [m, n] (row stride ldy)
+using MatmulPanelsFn = void (*)(const float* x, int64_t ldx, int m, const float* w, int n, int j0,
+                                int j1, int k, float* y, int64_t ldy);
+
+void MatmulPanelsAvx2(const float* x, int64_t ldx, int m, const float* w, int n, int j0, int j1,
+                      int k, float* y, int64_t ldy);
+void MatmulPanelsAvx512(const float* x, int64_t ldx, int m, const float* w, int n, int j0, int j1,
+                        int k, float* y, int64_t ldy);
+
+// This thread's packing buffer, kKBlock x kPanel floats, 64-byte aligned.
+inline float* PanelBuffer() {
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  thread_local const std::unique_ptr<float, Free> buffer(
+      static_cast<float*>(std::aligned_alloc(64, sizeof(float) * kKBlock * kPanel)));
+  return buffer.get();
+}
+
+// Rows of W that a tile asks the memory system for while it computes (the
+// next panel's, which Pack will read from memory): one cache line of each
+// row per 16 values of k, so the loads the product waits for are hidden
+// behind its arithmetic.
+struct Prefetch {
+  const float* first = nullptr;  // row 0 at the tile's first k
+  int64_t stride = 0;            // row stride
+  int rows = 0;
+
+  void At(int kk) const {
+    if (kk % 16 != 0) return;
+    for (int r = 0; r < rows; ++r) {
+      __builtin_prefetch(first + r * stride + kk, /*rw=*/0, /*locality=*/2);
+    }
+  }
+};
+
+// Rows [i, i + r) of X against one packed panel, 0 < r <= Kernel::kTileX,
+// as one tile of r rows.
+template <typename Kernel, int R = Kernel::kTileX>
+inline void TileOf(int r, const float* x, int64_t ldx, const float* panel, int kb, bool accumulate,
+                   int rows, float* y, int64_t ldy, const Prefetch& next) {
+  if constexpr (R >= 1) {
+    if (r == R) {
+      Kernel::template Tile<R>(x, ldx, panel, kb, accumulate, rows, y, ldy, next);
+    } else {
+      TileOf<Kernel, R - 1>(r, x, ldx, panel, kb, accumulate, rows, y, ldy, next);
+    }
+  }
+}
+
+// A Kernel provides
+//   Pack(w, ldw, rows, kb, panel): panel[kk * kPanel + r] = w[r * ldw + kk]
+//     for r < rows, kk < kb, and 0 for rows <= r < kPanel;
+//   Tile<RX>(x, ldx, panel, kb, accumulate, rows, y, ldy): for RX rows of X
+//     and the panel's first `rows` rows, continue each chain over kb values
+//     of k from y (accumulate) or from 0, and store it back to y.
+template <typename Kernel>
+inline void MatmulPanelsWith(const float* x, int64_t ldx, int m, const float* w, int n, int j0,
+                             int j1, int k, float* y, int64_t ldy) {
+  float* panel = PanelBuffer();
+  const int tiles = (m + Kernel::kTileX - 1) / Kernel::kTileX;
+  for (int j = j0; j < j1; j += kPanel) {
+    const int rows = std::min(kPanel, n - j);
+    for (int k0 = 0; k0 < k; k0 += kKBlock) {
+      const int kb = std::min(kKBlock, k - k0);
+      const bool accumulate = k0 > 0;
+      Kernel::Pack(w + int64_t{j} * k + k0, k, rows, kb, panel);
+      // What Pack reads next: this block's k range of the next panel, or
+      // the next block of this one. The tiles share its rows.
+      const int next_j = k0 + kb < k ? j : j + kPanel;
+      const int next_k0 = k0 + kb < k ? k0 + kb : 0;
+      const int next_rows = next_j < j1 ? std::min(kPanel, n - next_j) : 0;
+      const int per_tile = (next_rows + tiles - 1) / tiles;
+      const float* xk = x + k0;
+      float* yj = y + j;
+      // The m rows of X as tiles of kTileX rows and one shorter last tile.
+      for (int tile = 0, i = 0; tile < tiles; ++tile) {
+        const int height = std::min(Kernel::kTileX, m - i);
+        const int first_row = std::min(next_rows, tile * per_tile);
+        const Prefetch next{w + (int64_t{next_j} + first_row) * k + next_k0, k,
+                            std::min(per_tile, next_rows - first_row)};
+        TileOf<Kernel>(height, xk + i * ldx, ldx, panel, kb, accumulate, rows, yj + i * ldy, ldy,
+                       next);
+        i += height;
+      }
+    }
+  }
+}
+
+}  // namespace coalesce::engine::cpu
