@@ -48,7 +48,7 @@ enum class BatchingMode { kContinuous, kStatic };
 
 struct SchedulerConfig {
   int max_batch_size = 16;  // sequences in one engine step
-  absl::Duration batch_window = absl::Milliseconds(5);
+  absl::Duration batch_window = absl::ZeroDuration();  // the server's default (see --batch_window)
   BatchingMode mode = BatchingMode::kContinuous;
   // A request never admitted within this time fails (RESOURCE_EXHAUSTED).
   absl::Duration max_queue_wait = absl::InfiniteDuration();

@@ -42,10 +42,11 @@ ABSL_FLAG(std::string, model, "synthetic:15m",
 ABSL_FLAG(std::string, tokenizer, "",
           "The tokenizer, when not the default: tokenizer.json in a Hugging Face folder, "
           "tokenizer.bin beside a llama2.c checkpoint.");
-ABSL_FLAG(absl::Duration, batch_window, absl::Milliseconds(5),
+ABSL_FLAG(absl::Duration, batch_window, absl::ZeroDuration(),
           "Coalescing window: a request that could be admitted waits at most this "
           "long for companions, unless enough arrive to fill the free batch slots. "
-          "0 disables it.");
+          "0 (the default, which docs/benchmarks.md supports on a CPU): no wait; "
+          "requests that arrive during a step still join together at its end.");
 ABSL_FLAG(int, max_batch_size, 16, "Most sequences in one engine step (1 to 256).");
 ABSL_FLAG(std::string, batching, "continuous",
           "continuous: sequences join and leave the batch at every step. static: "
