@@ -64,7 +64,7 @@ def test_results_are_well_formed(sweep):
     assert set(sec) == {"trade", "static", "window"}
 
     trade = sec["trade"]["points"]
-    assert [p["params"]["concurrency"] for p in trade] == [1, 4]
+    assert [p["params"]["concurrency"] for p in trade] == [1, 2, 4]
     assert set(sec["trade"]["analysis"]) == {"synthetic:tiny"}
 
     static = sec["static"]["points"]
@@ -108,3 +108,5 @@ def test_document(sweep):
     for name in sweep["results"]["plots"].values():
         assert "](benchmarks/%s)" % name in text
     assert "The data supports `--batch_window=" in text or "No window meets the rule" in text
+    # The static section explains its ratios with the trade's numbers.
+    assert "concurrency 4 gives" in text and "tokens/s of concurrency 2" in text
