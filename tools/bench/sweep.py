@@ -906,17 +906,19 @@ def write_docs(results, doc_path, img_files):
                  if p["params"]["model"] == g["model"]}
         sizes = g["max_batch_sizes"]
         halves = [(b // 2, b) for b in sizes if b // 2 in trade and b in trade]
-        if halves:
+        if halves and a:
+            fuller = [s["batch_iteration"] / s["batch_static"] for s in a if s["batch_static"]]
             L.append(
-                "Continuous batching keeps the batch about twice as full as static here, which "
-                "is worth twice the throughput only while a step costs the same however many "
-                "sequences share it. The batching trade above measures what a fuller batch buys "
+                "Continuous batching kept the batch %.1fx to %.1fx as full as static here (the "
+                "mean batches above), which is worth as much more throughput only while a step "
+                "costs the same however many sequences share it. "
+                "The batching trade above measures what a fuller batch buys "
                 "this engine: %s. A step reads every weight once whatever the batch, but its "
                 "arithmetic grows with the batch, and on this machine's cores it soon takes "
                 "longer than the read: from there a step costs more the more sequences it "
-                "carries, and a fuller batch buys less.\n" % "; ".join(
+                "carries, and a fuller batch buys less.\n" % (min(fuller), max(fuller), "; ".join(
                     "concurrency %d gives %.2fx the tokens/s of concurrency %d" % (
-                        b, trade[b] / trade[h], h) for h, b in halves))
+                        b, trade[b] / trade[h], h) for h, b in halves)))
         L.append(img("static", "iteration-level against static batching"))
         L.append("| batch | output lengths | batching | tokens/s | tokens/s with the drain | "
                  "e2e p50 s | e2e p99 s | TTFT p50 ms | tokens per request | mean batch (server) "
