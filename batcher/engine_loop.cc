@@ -41,6 +41,51 @@ struct EngineLoop::Sequence {
   bool done = false;
 };
 
+// ---------------------------------------------------------------------------
+// StepThread
+// ---------------------------------------------------------------------------
+
+StepThread::StepThread() : thread_([this] { Run(); }) {}
+
+StepThread::~StepThread() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+void StepThread::Post(std::function<void()> job) {
+  absl::MutexLock lock(&mu_);
+  job_ = std::move(job);
+  done_ = false;
+}
+
+void StepThread::Wait() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&done_));
+}
+
+void StepThread::Run() {
+  while (true) {
+    std::function<void()> job;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &StepThread::HasJobOrStop));
+      if (job_ == nullptr) return;  // stopping, nothing posted
+      job = std::move(job_);
+      job_ = nullptr;
+    }
+    job();
+    absl::MutexLock lock(&mu_);
+    done_ = true;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// EngineLoop
+// ---------------------------------------------------------------------------
+
 EngineLoop::EngineLoop(engine::Backend* backend, const engine::Tokenizer* tokenizer,
                        EngineLoopOptions options, const Clock* clock, LoopObserver* observer)
     : backend_(backend),
@@ -52,7 +97,8 @@ EngineLoop::EngineLoop(engine::Backend* backend, const engine::Tokenizer* tokeni
       block_size_(backend->kv_cache().block_size),
       total_blocks_(backend->kv_cache().num_blocks),
       kv_bytes_per_token_(backend->kv_bytes_per_token()),
-      blocks_(backend->kv_cache().num_blocks) {}
+      blocks_(backend->kv_cache().num_blocks),
+      step_thread_(options.overlap_steps ? std::make_unique<StepThread>() : nullptr) {}
 
 EngineLoop::~EngineLoop() { Stop(); }
 
@@ -171,6 +217,7 @@ bool EngineLoop::Tick() {
   ApplyCancels(std::move(cancels));
   if (stopping) {
     EndAllCancelled();
+    FlushDeliveries();
     absl::MutexLock lock(&mu_);
     stopped_ = true;
     return false;
@@ -179,10 +226,14 @@ bool EngineLoop::Tick() {
     // Nothing can run any more: requests submitted just before the loss
     // end at once instead of failing a step each.
     EndAllDeviceLost(device_lost);
+    FlushDeliveries();
     PublishQueueStats();
     return true;
   }
   Iterate(clock_->Now());
+  // With overlap, this step's tokens go out while the next step runs; with
+  // no next step coming, or without overlap, now.
+  if (step_thread_ == nullptr || running_.empty()) FlushDeliveries();
   return true;
 }
 
@@ -347,7 +398,10 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
   stats.num_seqs = static_cast<int>(plan.chunks.size());
   stats.prefill_tokens = plan.prefill_tokens;
   stats.decode_tokens = plan.decode_tokens;
-  if (plan.chunks.empty()) return;
+  if (plan.chunks.empty()) {
+    FlushDeliveries();
+    return;
+  }
 
   // 5. Run the step. A sequence whose tokens will all be cached after it
   // samples its next token; one that is only part-way through its prompt
@@ -363,10 +417,22 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
     step_sampling_.push_back(spec);
   }
   step_next_.resize(step_owner_.size());
-  const absl::Time start = absl::Now();
-  const absl::Status status = backend_->StepAndSample({step_tokens_, step_seqs_}, step_sampling_,
-                                                      std::span<int32_t>(step_next_));
-  stats.duration = absl::Now() - start;
+  absl::Status status;
+  auto step = [&] {
+    const absl::Time start = absl::Now();
+    status = backend_->StepAndSample({step_tokens_, step_seqs_}, step_sampling_,
+                                     std::span<int32_t>(step_next_));
+    stats.duration = absl::Now() - start;
+  };
+  if (step_thread_ != nullptr) {
+    // The step reads only the step buffers and the sequences' block lists,
+    // which nothing below touches until Wait returns.
+    step_thread_->Post(step);
+    FlushDeliveries();
+    step_thread_->Wait();
+  } else {
+    step();
+  }
   if (!status.ok()) {
     const bool device_lost = status.code() == engine::kDeviceLostCode;
     Log(LogLevel::kError, absl::StrCat("engine step failed", device_lost ? " (device lost)" : "",
@@ -430,8 +496,17 @@ void EngineLoop::Emit(Sequence& seq, int32_t token, absl::Time now) {
     update.finish_reason = FinishReason::kLength;
     Finish(seq, std::move(update));
   } else {
-    seq.sink->Deliver(std::move(update));
+    Deliver(seq, std::move(update));
   }
+}
+
+void EngineLoop::Deliver(Sequence& seq, StreamUpdate update) {
+  outbox_.emplace_back(seq.sink, std::move(update));
+}
+
+void EngineLoop::FlushDeliveries() {
+  for (auto& [sink, update] : outbox_) sink->Deliver(std::move(update));
+  outbox_.clear();
 }
 
 // ---------------------------------------------------------------------------
@@ -452,7 +527,7 @@ void EngineLoop::Finish(Sequence& seq, StreamUpdate update) {
   summary.prompt_tokens = update.prompt_tokens;
   summary.completion_tokens = update.completion_tokens;
   summary.duration = clock_->Now() - seq.request.arrival;
-  seq.sink->Deliver(std::move(update));
+  Deliver(seq, std::move(update));
   if (observer_ != nullptr) observer_->OnFinished(summary);
 }
 

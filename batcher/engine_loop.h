@@ -13,6 +13,12 @@
 //   5. one Backend::Step runs every planned chunk; then each sequence whose
 //      tokens are all cached samples its next token, streams it, and leaves
 //      if it finished.
+// With `overlap_steps`, the step runs on a second thread, and the loop thread
+// meanwhile hands the previous step's tokens to their streams (the costly
+// part of streaming: a gRPC write per stream). Whether a sequence finished
+// (EOS, a stop sequence, its length) is still decided before the next step
+// is planned, so the tokens and their order are the same either way; only
+// the host work no longer adds to the device's.
 // So no request waits for the longest one in its batch, new requests join at
 // every step boundary, and a long prompt cannot stall the others' tokens.
 //
@@ -25,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -57,6 +64,9 @@ struct EngineLoopOptions {
   // Log one line per step at debug level: tokens, admissions, departures,
   // preemptions, and why waiting requests were not admitted.
   bool log_steps = false;
+  // Run each step on a second thread while this one streams the previous
+  // step's tokens (see the top of this file).
+  bool overlap_steps = false;
 };
 
 // The block ownership at one moment, for tests that check invariants.
@@ -69,6 +79,25 @@ struct LoopSnapshot {
   std::vector<uint64_t> waiting;
   std::vector<int32_t> free_blocks;
   int total_blocks = 0;
+};
+
+// A thread that runs one job at a time for the engine loop: Post, then Wait.
+class StepThread {
+ public:
+  StepThread();
+  ~StepThread();
+  void Post(std::function<void()> job);
+  void Wait();  // until the posted job has run
+
+ private:
+  void Run();
+  bool HasJobOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || job_ != nullptr; }
+
+  absl::Mutex mu_;
+  std::function<void()> job_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = true;  // the last posted job has run
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
 };
 
 class EngineLoop {
@@ -120,6 +149,10 @@ class EngineLoop {
   void RunStep(StepStats& stats, int& preempted);
   void Preempt(uint64_t id);
   void Emit(Sequence& seq, int32_t token, absl::Time now);
+  // Queues an update for the sequence's stream; FlushDeliveries hands the
+  // queue to the streams, in order.
+  void Deliver(Sequence& seq, StreamUpdate update);
+  void FlushDeliveries();
   void Finish(Sequence& seq, StreamUpdate update);
   void FinishWithError(Sequence& seq, absl::Status status);
   // Ends every waiting and running sequence with finish_reason cancelled.
@@ -167,6 +200,9 @@ class EngineLoop {
   std::vector<Sequence*> step_owner_;              // [num_chunks]
   std::vector<engine::SampleSpec> step_sampling_;  // [num_chunks]
   std::vector<int32_t> step_next_;                 // [num_chunks] sampled tokens
+  // Updates not yet handed to their streams, in order.
+  std::vector<std::pair<std::shared_ptr<OutputSink>, StreamUpdate>> outbox_;
+  std::unique_ptr<StepThread> step_thread_;  // with overlap_steps
 };
 
 }  // namespace coalesce::batcher

@@ -47,7 +47,7 @@ namespace coalesce::batcher {
 enum class BatchingMode { kContinuous, kStatic };
 
 struct SchedulerConfig {
-  int max_batch_size = 16;  // sequences in one engine step
+  int max_batch_size = 16;                             // sequences in one engine step
   absl::Duration batch_window = absl::ZeroDuration();  // the server's default (see --batch_window)
   BatchingMode mode = BatchingMode::kContinuous;
   // A request never admitted within this time fails (RESOURCE_EXHAUSTED).

@@ -101,6 +101,11 @@ ABSL_FLAG(bool, log_steps, false,
           "Log one line per engine step at --log_level=debug: decode and prefill tokens, "
           "admitted, preempted, running, waiting, free KV blocks, and why waiting requests "
           "were not admitted.");
+ABSL_FLAG(std::string, overlap_steps, "auto",
+          "auto, on or off. On: run each engine step on its own thread while the engine "
+          "thread streams the previous step's tokens, so that streaming does not add to the "
+          "step time. auto: on with --device=cuda (the step runs on the GPU, the host is "
+          "free); off on the CPU, whose cores the step already uses.");
 
 namespace coalesce {
 namespace {
@@ -167,6 +172,10 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   o.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);
   o.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout);
   o.log_steps = absl::GetFlag(FLAGS_log_steps);
+  absl::StatusOr<std::optional<bool>> overlap =
+      service::ParseOverlapSteps(absl::GetFlag(FLAGS_overlap_steps));
+  if (!overlap.ok()) return overlap.status();
+  o.overlap_steps = *overlap;
   const std::string level = absl::GetFlag(FLAGS_log_level);
   if (level == "debug") {
     SetLogLevel(LogLevel::kDebug);
@@ -278,6 +287,7 @@ int Serve(const ServerOptions& options) {
   loop_options.max_batch_tokens = options.max_batch_tokens;
   loop_options.max_queue = options.max_queue;
   loop_options.log_steps = options.log_steps;
+  loop_options.overlap_steps = options.overlap_steps.value_or((*backend)->name() == "cuda");
   // The metrics see every loop event; a step that loses the device also
   // triggers the shutdown below.
   service::ShutdownTrigger shutdown;
@@ -319,11 +329,12 @@ int Serve(const ServerOptions& options) {
   server->GetHealthCheckService()->SetServingStatus(true);
   LogF(LogLevel::kInfo,
        "serving %s on %s:%d (metrics port %d), backend %s, max_batch_size %d, "
-       "batch_window %s, batching %s",
+       "batch_window %s, batching %s, overlap_steps %s",
        config.name, options.host, grpc_port, metrics_endpoint ? metrics_endpoint->port() : -1,
        (*backend)->name(), options.scheduler.max_batch_size,
        absl::FormatDuration(options.scheduler.batch_window),
-       options.scheduler.mode == batcher::BatchingMode::kStatic ? "static" : "continuous");
+       options.scheduler.mode == batcher::BatchingMode::kStatic ? "static" : "continuous",
+       loop_options.overlap_steps ? "on" : "off");
 
   // 4. Wait for a reason to stop: SIGINT/SIGTERM (taken by a thread of its
   //    own) or a lost device (the watcher, on the engine thread). Then drain:

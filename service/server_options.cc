@@ -44,6 +44,14 @@ absl::StatusOr<std::optional<engine::Precision>> ParseDtype(const std::string& t
   return std::optional<engine::Precision>(*precision);
 }
 
+absl::StatusOr<std::optional<bool>> ParseOverlapSteps(const std::string& text) {
+  if (text == "auto") return std::optional<bool>();
+  if (text == "on") return std::optional<bool>(true);
+  if (text == "off") return std::optional<bool>(false);
+  return absl::InvalidArgumentError(
+      absl::StrCat("--overlap_steps=", text, ": expected auto, on or off"));
+}
+
 absl::StatusOr<int> ParseFaultInjection(const std::string& text) {
   if (text.empty()) return -1;
   constexpr std::string_view kDeviceLost = "device_lost_after_steps:";

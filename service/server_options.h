@@ -46,10 +46,15 @@ struct ServerOptions {
   absl::Duration keepalive_time = absl::Seconds(30);
   absl::Duration keepalive_timeout = absl::Seconds(10);
   bool log_steps = false;
+  // --overlap_steps: nullopt (auto) overlaps on the CUDA backend only.
+  std::optional<bool> overlap_steps;
 };
 
 // --dtype: "auto" (nullopt), "bf16", "fp16" or "fp32".
 absl::StatusOr<std::optional<engine::Precision>> ParseDtype(const std::string& text);
+
+// --overlap_steps: "auto" (nullopt), "on" or "off".
+absl::StatusOr<std::optional<bool>> ParseOverlapSteps(const std::string& text);
 
 // --fault_injection: "" (off: -1) or "device_lost_after_steps:N" (N >= 0).
 absl::StatusOr<int> ParseFaultInjection(const std::string& text);

@@ -26,10 +26,13 @@ class CountingObserver : public LoopObserver {
   std::map<std::string, int> rejected;
 };
 
-class PressureTest : public ::testing::Test {
+// Every test runs with the step on the loop's thread and on a second thread
+// (overlap_steps), whose streams hear of a step's tokens one Tick later.
+class PressureTest : public ::testing::TestWithParam<bool> {
  protected:
   // A loop that is never Start()ed: each Tick() is one iteration.
   void MakeLoop(EngineLoopOptions options, int num_blocks, int block_size = 4) {
+    options.overlap_steps = GetParam();
     backend_ = std::make_unique<CountingBackend>(num_blocks, block_size);
     loop_ = std::make_unique<EngineLoop>(backend_.get(), &tokenizer_, options, &clock_, &observer_);
   }
@@ -76,7 +79,7 @@ class PressureTest : public ::testing::Test {
   std::unique_ptr<EngineLoop> loop_;
 };
 
-TEST_F(PressureTest, AdmissionTakesOnlyThePromptsBlocksAndDecodesGrow) {
+TEST_P(PressureTest, AdmissionTakesOnlyThePromptsBlocksAndDecodesGrow) {
   MakeLoop(Options(4), /*num_blocks=*/8, /*block_size=*/4);
   auto sink = Submit(Request({0, 1, 2}, 9));
   loop_->Tick();  // prefill 3 tokens: 1 block
@@ -90,7 +93,7 @@ TEST_F(PressureTest, AdmissionTakesOnlyThePromptsBlocksAndDecodesGrow) {
   EXPECT_EQ(UsedBlocks(), 0);
 }
 
-TEST_F(PressureTest, PreemptsTheNewestAndResumesWithTheSameOutput) {
+TEST_P(PressureTest, PreemptsTheNewestAndResumesWithTheSameOutput) {
   // 3 blocks of 4 positions. A and B each start with 1 block; as they grow,
   // the decodes need more than the pool has, and B (admitted last) is sent
   // back, recomputed when A has finished, and completes the same tokens.
@@ -111,7 +114,7 @@ TEST_F(PressureTest, PreemptsTheNewestAndResumesWithTheSameOutput) {
   EXPECT_GT(*std::max_element(tokens.begin(), tokens.end()), 2);
 }
 
-TEST_F(PressureTest, LowerPriorityIsPreemptedFirst) {
+TEST_P(PressureTest, LowerPriorityIsPreemptedFirst) {
   MakeLoop(Options(4), /*num_blocks=*/3, /*block_size=*/4);
   auto low = Submit(Request({3}, 8, /*priority=*/0));
   auto high = Submit(Request({0}, 8, /*priority=*/5));  // admitted last, but more important
@@ -125,7 +128,7 @@ TEST_F(PressureTest, LowerPriorityIsPreemptedFirst) {
   EXPECT_THAT(low->ids(), ElementsAre(4, 5, 6, 7, 8, 9, 10, 11));
 }
 
-TEST_F(PressureTest, ChunkedPrefillInterleavesWithDecodes) {
+TEST_P(PressureTest, ChunkedPrefillInterleavesWithDecodes) {
   // Budget of 4 tokens per step. A decodes; B's 10-token prompt arrives and
   // is split 3 + 3 + 3 + 1 around A's one decode token per step.
   MakeLoop(Options(4, /*max_batch_tokens=*/4), /*num_blocks=*/16);
@@ -141,7 +144,7 @@ TEST_F(PressureTest, ChunkedPrefillInterleavesWithDecodes) {
   EXPECT_THAT(a->ids(), ElementsAre(1, 2, 3, 4, 5, 6, 7, 8));
 }
 
-TEST_F(PressureTest, FullQueueRefusesAtOnce) {
+TEST_P(PressureTest, FullQueueRefusesAtOnce) {
   EngineLoopOptions options = Options(1);
   options.max_queue = 2;
   MakeLoop(options, 16);
@@ -157,7 +160,7 @@ TEST_F(PressureTest, FullQueueRefusesAtOnce) {
   EXPECT_TRUE(loop_->Submit(Request({0}, 4), sink).ok());
 }
 
-TEST_F(PressureTest, QueueTimeoutFailsARequestNeverAdmitted) {
+TEST_P(PressureTest, QueueTimeoutFailsARequestNeverAdmitted) {
   EngineLoopOptions options = Options(1);
   options.scheduler.max_queue_wait = absl::Milliseconds(100);
   MakeLoop(options, 16);
@@ -177,7 +180,7 @@ TEST_F(PressureTest, QueueTimeoutFailsARequestNeverAdmitted) {
   EXPECT_FALSE(running->finished());
 }
 
-TEST_F(PressureTest, DeadlinesEndWaitingAndRunningRequests) {
+TEST_P(PressureTest, DeadlinesEndWaitingAndRunningRequests) {
   MakeLoop(Options(1), 16);
   GenerationRequest run = Request({0}, 50);
   run.deadline = clock_.Now() + absl::Milliseconds(30);
@@ -197,7 +200,7 @@ TEST_F(PressureTest, DeadlinesEndWaitingAndRunningRequests) {
   EXPECT_EQ(UsedBlocks(), 0);
 }
 
-TEST_F(PressureTest, CancelMidPrefillFreesEverythingWithinOneStep) {
+TEST_P(PressureTest, CancelMidPrefillFreesEverythingWithinOneStep) {
   MakeLoop(Options(4, /*max_batch_tokens=*/4), 16);
   uint64_t id = 0;
   auto sink = Submit(Request(std::vector<int32_t>(12, 1), 4), &id);
@@ -211,7 +214,7 @@ TEST_F(PressureTest, CancelMidPrefillFreesEverythingWithinOneStep) {
   EXPECT_THAT(backend_->step_tokens(), ElementsAre(4));  // nothing more ran
 }
 
-TEST_F(PressureTest, HigherPriorityFirstAndAgingPreventsStarvation) {
+TEST_P(PressureTest, HigherPriorityFirstAndAgingPreventsStarvation) {
   EngineLoopOptions options = Options(1);
   options.scheduler.priority_aging = absl::Seconds(1);
   MakeLoop(options, 16);
@@ -242,7 +245,7 @@ TEST_F(PressureTest, HigherPriorityFirstAndAgingPreventsStarvation) {
 
 // Seeded random arrivals, cancellations, deadlines and clock jumps against a
 // small cache; after every step the block accounting must be exact.
-TEST_F(PressureTest, RandomizedRunKeepsTheBlockAccountingExact) {
+TEST_P(PressureTest, RandomizedRunKeepsTheBlockAccountingExact) {
   for (uint32_t seed = 1; seed <= 20; ++seed) {
     SCOPED_TRACE(::testing::Message() << "seed " << seed);
     std::mt19937 rng(seed);
@@ -310,6 +313,11 @@ TEST_F(PressureTest, RandomizedRunKeepsTheBlockAccountingExact) {
     EXPECT_TRUE(loop_->Snapshot().waiting.empty());
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Overlap, PressureTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "OverlapSteps" : "OneThread";
+                         });
 
 }  // namespace
 }  // namespace coalesce::batcher

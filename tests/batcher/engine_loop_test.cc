@@ -22,12 +22,16 @@ GenerationRequest Request(std::vector<int32_t> prompt, int max_new_tokens) {
   return r;
 }
 
-class EngineLoopTest : public ::testing::Test {
+// Every test runs with the step on the loop's thread and on a second thread
+// (overlap_steps): the streams must see the same thing.
+class EngineLoopTest : public ::testing::TestWithParam<bool> {
  protected:
   void StartLoop(SchedulerConfig config, int num_blocks = 64) {
     backend_ = std::make_unique<CountingBackend>(num_blocks);
-    loop_ = std::make_unique<EngineLoop>(backend_.get(), &tokenizer_, EngineLoopOptions{config},
-                                         RealClock(), nullptr);
+    EngineLoopOptions options{config};
+    options.overlap_steps = GetParam();
+    loop_ =
+        std::make_unique<EngineLoop>(backend_.get(), &tokenizer_, options, RealClock(), nullptr);
     loop_->Start();
   }
   std::shared_ptr<Collector> Submit(GenerationRequest request, uint64_t* id = nullptr) {
@@ -54,7 +58,7 @@ class EngineLoopTest : public ::testing::Test {
   std::unique_ptr<EngineLoop> loop_;
 };
 
-TEST_F(EngineLoopTest, StreamsTokensAndFinishesOnLength) {
+TEST_P(EngineLoopTest, StreamsTokensAndFinishesOnLength) {
   StartLoop({4, absl::ZeroDuration()});
   auto sink = Submit(Request({2, 3}, 5));
   StreamUpdate last = sink->WaitFinal();
@@ -68,7 +72,7 @@ TEST_F(EngineLoopTest, StreamsTokensAndFinishesOnLength) {
   ExpectAllBlocksFree();
 }
 
-TEST_F(EngineLoopTest, EndOfSequenceTokenEndsGeneration) {
+TEST_P(EngineLoopTest, EndOfSequenceTokenEndsGeneration) {
   StartLoop({4, absl::ZeroDuration()});
   auto sink = Submit(Request({12}, 10));
   StreamUpdate last = sink->WaitFinal();
@@ -77,7 +81,7 @@ TEST_F(EngineLoopTest, EndOfSequenceTokenEndsGeneration) {
   EXPECT_EQ(sink->text(), "no");
 }
 
-TEST_F(EngineLoopTest, StopSequenceEndsGenerationAndIsNotSent) {
+TEST_P(EngineLoopTest, StopSequenceEndsGenerationAndIsNotSent) {
   StartLoop({4, absl::ZeroDuration()});
   GenerationRequest r = Request({0}, 10);
   r.stop = {"def"};
@@ -88,7 +92,7 @@ TEST_F(EngineLoopTest, StopSequenceEndsGenerationAndIsNotSent) {
   EXPECT_THAT(sink->ids(), ElementsAre(1, 2, 3, 4, 5));
 }
 
-TEST_F(EngineLoopTest, WindowCoalescesArrivalsIntoOnePrefill) {
+TEST_P(EngineLoopTest, WindowCoalescesArrivalsIntoOnePrefill) {
   // A long window and 4 slots: four requests submitted together fill the
   // slots, so their prompts are prefilled in one step.
   StartLoop({4, absl::Seconds(10)});
@@ -102,7 +106,7 @@ TEST_F(EngineLoopTest, WindowCoalescesArrivalsIntoOnePrefill) {
   }
 }
 
-TEST_F(EngineLoopTest, LateArrivalJoinsTheRunningBatch) {
+TEST_P(EngineLoopTest, LateArrivalJoinsTheRunningBatch) {
   StartLoop({4, absl::ZeroDuration()});
   backend_->step_delay_ = absl::Milliseconds(5);
   auto first = Submit(Request({0}, 12));
@@ -118,7 +122,7 @@ TEST_F(EngineLoopTest, LateArrivalJoinsTheRunningBatch) {
   EXPECT_EQ(first->ids().size(), 12u);
 }
 
-TEST_F(EngineLoopTest, CancelFreesTheSlotAndBlocks) {
+TEST_P(EngineLoopTest, CancelFreesTheSlotAndBlocks) {
   StartLoop({4, absl::ZeroDuration()});
   backend_->step_delay_ = absl::Milliseconds(2);
   uint64_t id = 0;
@@ -131,7 +135,7 @@ TEST_F(EngineLoopTest, CancelFreesTheSlotAndBlocks) {
   ExpectAllBlocksFree();
 }
 
-TEST_F(EngineLoopTest, CancelWhileWaitingNeverRuns) {
+TEST_P(EngineLoopTest, CancelWhileWaitingNeverRuns) {
   StartLoop({4, absl::Seconds(10)});  // the window holds it
   uint64_t id = 0;
   auto sink = Submit(Request({0}, 5), &id);
@@ -141,7 +145,7 @@ TEST_F(EngineLoopTest, CancelWhileWaitingNeverRuns) {
   EXPECT_TRUE(backend_->batch_sizes().empty());
 }
 
-TEST_F(EngineLoopTest, RequestLargerThanTheCacheIsRejectedAtOnce) {
+TEST_P(EngineLoopTest, RequestLargerThanTheCacheIsRejectedAtOnce) {
   StartLoop({4, absl::ZeroDuration()}, /*num_blocks=*/2);  // 8 positions
   auto sink = std::make_shared<Collector>();
   absl::StatusOr<uint64_t> id = loop_->Submit(Request({1, 2, 3}, 6), sink);
@@ -149,7 +153,7 @@ TEST_F(EngineLoopTest, RequestLargerThanTheCacheIsRejectedAtOnce) {
   EXPECT_THAT(std::string(id.status().message()), ::testing::HasSubstr("KV cache"));
 }
 
-TEST_F(EngineLoopTest, FullCacheMakesRequestsWaitNotFail) {
+TEST_P(EngineLoopTest, FullCacheMakesRequestsWaitNotFail) {
   // 4 blocks of 4 positions. Prompts of 5 tokens need 2 blocks each, so only
   // two are admitted at a time; the others wait instead of failing.
   StartLoop({8, absl::ZeroDuration()}, /*num_blocks=*/4);
@@ -163,7 +167,7 @@ TEST_F(EngineLoopTest, FullCacheMakesRequestsWaitNotFail) {
   ExpectAllBlocksFree();
 }
 
-TEST_F(EngineLoopTest, FailedStepFailsItsRequestsAndTheLoopGoesOn) {
+TEST_P(EngineLoopTest, FailedStepFailsItsRequestsAndTheLoopGoesOn) {
   StartLoop({4, absl::ZeroDuration()});
   backend_->fail_next_ = true;
   auto failed = Submit(Request({0}, 3));
@@ -173,7 +177,7 @@ TEST_F(EngineLoopTest, FailedStepFailsItsRequestsAndTheLoopGoesOn) {
   ExpectAllBlocksFree();
 }
 
-TEST_F(EngineLoopTest, StopEndsQueuedWorkAndRefusesNewWork) {
+TEST_P(EngineLoopTest, StopEndsQueuedWorkAndRefusesNewWork) {
   StartLoop({4, absl::Seconds(10)});
   auto queued = Submit(Request({0}, 5));
   loop_->Stop();
@@ -183,6 +187,52 @@ TEST_F(EngineLoopTest, StopEndsQueuedWorkAndRefusesNewWork) {
   absl::StatusOr<uint64_t> late = loop_->Submit(Request({0}, 5), std::make_shared<Collector>());
   EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable);
 }
+
+// With overlap_steps, a step's tokens reach their stream while the next step
+// runs; without it, only between steps.
+class StepWatcher : public Collector {
+ public:
+  // With `wait`, a delivery gives the step it should overlap up to a second
+  // to start on its thread (Post returns before the thread wakes).
+  StepWatcher(const CountingBackend* backend, bool wait) : backend_(backend), wait_(wait) {}
+  void Deliver(StreamUpdate update) override {
+    if (!update.finished) {
+      const absl::Time give_up = absl::Now() + absl::Seconds(1);
+      while (wait_ && !backend_->in_step() && absl::Now() < give_up) {
+        absl::SleepFor(absl::Microseconds(50));
+      }
+      (backend_->in_step() ? during_ : between_)++;
+    }
+    Collector::Deliver(std::move(update));
+  }
+  std::atomic<int> during_{0}, between_{0};
+
+ private:
+  const CountingBackend* backend_;
+  const bool wait_;
+};
+
+TEST_P(EngineLoopTest, OverlapStreamsTokensWhileTheNextStepRuns) {
+  StartLoop({4, absl::ZeroDuration()});
+  backend_->step_delay_ = absl::Milliseconds(20);
+  auto sink = std::make_shared<StepWatcher>(backend_.get(), /*wait=*/GetParam());
+  ASSERT_TRUE(loop_->Submit(Request({2, 3}, 8), sink).ok());
+  EXPECT_THAT(sink->WaitFinal().completion_tokens, 8);
+  EXPECT_THAT(sink->ids(), ElementsAre(4, 5, 6, 7, 8, 9, 10, 11));
+  // Tokens 1 to 7 (the 8th comes with the final update).
+  if (GetParam()) {
+    EXPECT_EQ(sink->during_, 7);
+    EXPECT_EQ(sink->between_, 0);
+  } else {
+    EXPECT_EQ(sink->during_, 0);
+    EXPECT_EQ(sink->between_, 7);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Overlap, EngineLoopTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "OverlapSteps" : "OneThread";
+                         });
 
 // ---------------------------------------------------------------------------
 // Failed steps, one Tick at a time

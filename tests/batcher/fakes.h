@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "batcher/request.h"
@@ -51,6 +52,8 @@ class CountingBackend : public engine::Backend {
     config_.n_kv_heads = 2;
   }
   absl::Status Step(const engine::StepBatch& batch, std::span<float> logits) override {
+    in_step_ = true;
+    absl::Cleanup leaving = [this] { in_step_ = false; };
     if (fail_next_) {
       fail_next_ = false;
       return absl::Status(fail_code_, "injected failure");
@@ -91,8 +94,11 @@ class CountingBackend : public engine::Backend {
   std::atomic<bool> fail_next_{false};
   std::atomic<absl::StatusCode> fail_code_{absl::StatusCode::kInternal};
   absl::Duration step_delay_ = absl::ZeroDuration();
+  // True while a step runs (on whichever thread runs it).
+  bool in_step() const { return in_step_; }
 
  private:
+  std::atomic<bool> in_step_{false};
   engine::ModelConfig config_;
   engine::KvCacheConfig kv_;
   absl::Mutex mu_;

@@ -38,6 +38,10 @@ TEST(DeviceFlagsTest, ParsesDeviceDtypeAndFaultInjection) {
   EXPECT_EQ(**ParseDtype("fp16"), engine::Precision::kFp16);
   EXPECT_EQ(**ParseDtype("fp32"), engine::Precision::kFp32);
   EXPECT_FALSE(ParseDtype("int8").ok());
+  EXPECT_FALSE(ParseOverlapSteps("auto")->has_value());
+  EXPECT_TRUE(**ParseOverlapSteps("on"));
+  EXPECT_FALSE(**ParseOverlapSteps("off"));
+  EXPECT_FALSE(ParseOverlapSteps("true").ok());
   EXPECT_EQ(*ParseFaultInjection(""), -1);
   EXPECT_EQ(*ParseFaultInjection("device_lost_after_steps:0"), 0);
   EXPECT_EQ(*ParseFaultInjection("device_lost_after_steps:25"), 25);

@@ -52,6 +52,17 @@ def static_srv(pb):
     server.kill()
 
 
+@pytest.fixture(scope="module")
+def overlap_srv(pb):
+    """Steps on their own thread while the engine thread streams (--overlap_steps=on)."""
+    server, client = start_server(["--overlap_steps=on"])
+    assert wait_for(lambda: "overlap_steps on" in server.log(), 5), server.log()
+    client.bind(pb)
+    yield client
+    client.close()
+    server.kill()
+
+
 def assert_golden(res, case, label=""):
     g_ids = case["output_ids"]
     assert res.code is None, "%s: call failed: %r" % (label, res)
@@ -149,6 +160,39 @@ def test_batching_invariance(srv, golden):
                                  temperature=0.8, top_p=0.9, seed=12))
     assert a.ids == solo[8].ids
     assert a.ids != b.ids and a.ids != golden[0]["output_ids"][:90]
+
+
+def test_overlapped_steps_stream_the_same_tokens(srv, overlap_srv, golden):
+    """--overlap_steps=on changes when tokens are handed to the streams, never
+    which: the mixed batch gives each request what the default server gives
+    it alone, twice, and a cancelled request still frees its slot."""
+    reqs = _mixed_requests(srv, golden)
+    solo = [srv.generate(r) for _, r, _ in reqs]
+    for round_ in range(2):
+        together = run_concurrently([lambda r=r: overlap_srv.generate(r) for _, r, _ in reqs])
+        for i, ((kind, _, case), alone, res) in enumerate(zip(reqs, solo, together)):
+            label = "overlap round %d request %d (%s)" % (round_, i, kind)
+            assert res.code is None, "%s: %r" % (label, res)
+            assert (res.ids, res.text, res.finish) == (alone.ids, alone.text, alone.finish), label
+            assert len(res.msgs) >= 2, label  # streamed, not delivered in one piece
+            if case is not None:
+                assert_golden(res, case, label)
+    case = golden[0]
+    call = overlap_srv.generate_call(
+        overlap_srv.request(prompt=case["prompt"], max_new_tokens=CONTEXT - 5))
+    got = []
+    for msg in call:
+        got.extend(msg.token_ids)
+        if len(got) >= 3:
+            break
+    call.cancel()
+    with pytest.raises(grpc.RpcError) as e:
+        for msg in call:
+            pass
+    assert e.value.code() == grpc.StatusCode.CANCELLED
+    assert got[:3] == case["output_ids"][:3]
+    after = wait_idle(overlap_srv)
+    assert after.get("coalesce_kv_cache_blocks", state="used") == 0
 
 
 # ---------------------------------------------------------------------------

@@ -28,6 +28,8 @@
 #   SERVICE_COST_SECONDS (default 30): the measured time of each server run.
 #   SERVICE_COST_ENGINE_REPEAT (default 2): passes of each engine benchmark
 #   over its 240 decode steps.
+#   SERVICE_COST_SERVER_FLAGS: more coalesce-server flags for both runs
+#   (e.g. --overlap_steps=false).
 # Exit status: 0 when every measurement ran and no request failed (a missed
 # target is printed, not an error: numbers on a shared machine vary), 1
 # otherwise.
@@ -133,7 +135,7 @@ status=0
 echo "# service_cost: the server's own cost ($bin, $(nproc) cores, load average $(load) at the start)"
 
 # ---- (a) the ceiling -------------------------------------------------------
-a_server="--device=null --model=$model --max_batch_size=256 --max_batch_tokens=16384 --batch_window=0"
+a_server="--device=null --model=$model --max_batch_size=256 --max_batch_tokens=16384 --batch_window=0${SERVICE_COST_SERVER_FLAGS:+ $SERVICE_COST_SERVER_FLAGS}"
 a_client="--concurrency=256 --duration=${secs}s --warmup=${warmup}s --prompt_tokens=16 --max_new_tokens=512"
 echo
 echo "## (a) ceiling: no arithmetic (--device=null), 256 closed-loop streams"
@@ -150,7 +152,7 @@ printf '%s tokens/s streamed in %s messages/s (%s tokens per message); %s reques
 
 # ---- (b) server against engine --------------------------------------------
 b_engine="--model=$model --batch_sizes=64 --context=16 --steps=240 --repeat=$repeat --sample"
-b_server="--device=cpu --model=$model --max_batch_size=64"
+b_server="--device=cpu --model=$model --max_batch_size=64${SERVICE_COST_SERVER_FLAGS:+ $SERVICE_COST_SERVER_FLAGS}"
 b_client="--concurrency=64 --duration=${secs}s --warmup=${warmup}s --prompt_tokens=16 --max_new_tokens=241"
 echo
 echo "## (b) server against engine: $model on the CPU, 64 streams, positions 16 to 255"
