@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <memory>
 
 #include "engine/cpu/matmul_panels.h"
 #include "engine/simd.h"
@@ -121,19 +124,53 @@ MatmulIsa BestMatmulIsa() {
   return isa;
 }
 
+namespace {
+
+// Rows of X from which, on AVX-512, the product runs across rows of X
+// (MatmulTokensAvx512) instead of across rows of W: below this, the panel
+// kernel's lanes are better used than a partly empty last vector of X rows.
+constexpr int kMinRowsAcrossLanes = 48;
+
+// This thread's buffer for X transposed, grown as needed, 64-byte aligned.
+float* TransposeBuffer(size_t floats) {
+  struct Buffer {
+    std::unique_ptr<float, void (*)(void*)> data{nullptr, std::free};
+    size_t capacity = 0;
+  };
+  thread_local Buffer buffer;
+  if (buffer.capacity < floats) {
+    buffer.data.reset(static_cast<float*>(std::aligned_alloc(64, sizeof(float) * floats)));
+    buffer.capacity = floats;
+  }
+  return buffer.data.get();
+}
+
+}  // namespace
+
 void Matmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const float* w, int n, int k,
             float* y, int64_t ldy, MatmulIsa isa) {
   if (m <= 0 || n <= 0) return;
-  const MatmulPanelsFn panels = ChosenKernel(isa);
   if (k <= 0) {
     for (int i = 0; i < m; ++i) std::fill(y + i * ldy, y + i * ldy + n, 0.0f);
     return;
+  }
+  // Rows [j0, j1) of W against every row of X, by one of the kernels: all
+  // of them compute the same bits.
+  std::function<void(int, int)> rows;
+  if (isa == MatmulIsa::kAvx512 && m >= kMinRowsAcrossLanes) {
+    const int64_t ldxt = (m + 15) / 16 * 16;
+    float* xt = TransposeBuffer(static_cast<size_t>(ldxt) * k);
+    TransposeRowsAvx512(x, ldx, m, k, xt, ldxt);
+    rows = [=](int j0, int j1) { MatmulTokensAvx512(xt, ldxt, m, w, j0, j1, k, y, ldy); };
+  } else {
+    const MatmulPanelsFn panels = ChosenKernel(isa);
+    rows = [=](int j0, int j1) { panels(x, ldx, m, w, n, j0, j1, k, y, ldy); };
   }
   // Below ~64K multiply-adds a thread handoff costs more than it saves.
   const int64_t work = int64_t{m} * n * k;
   const int threads = pool.size();
   if (threads == 1 || work < (int64_t{1} << 16)) {
-    panels(x, ldx, m, w, n, 0, n, k, y, ldy);
+    rows(0, n);
     return;
   }
   // A few tasks per thread for balance, each a whole number of panels.
@@ -142,7 +179,7 @@ void Matmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const float* w
   pool.ParallelFor(tasks, [&](int task, int) {
     const int j0 = std::min(n, static_cast<int>(int64_t{num_panels} * task / tasks) * kPanel);
     const int j1 = std::min(n, static_cast<int>(int64_t{num_panels} * (task + 1) / tasks) * kPanel);
-    panels(x, ldx, m, w, n, j0, j1, k, y, ldy);
+    rows(j0, j1);
   });
 }
 

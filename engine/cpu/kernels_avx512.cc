@@ -106,7 +106,82 @@ struct Avx512Kernel {
   }
 };
 
+// The other vectorisation (matmul_panels.h, "Many rows of X"): lanes are 16
+// rows of X, read from X transposed; each row of W contributes broadcast
+// scalars. A tile is RW rows of W x NV vectors of X rows: 6 x 4 (24
+// accumulators + 4 X vectors + 1 broadcast); per k, 6 broadcasts and 4 loads
+// feed 24 multiply-adds. Every element is the same fused multiply-add chain
+// along k, so it equals the panel kernel bit for bit.
+template <int RW, int NV>
+void TokensTile(const float* xt, int64_t ldxt, int rows_x, const float* w, int k, float* y,
+                int64_t ldy) {
+  __m512 acc[RW][NV];
+  for (int r = 0; r < RW; ++r) {
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  for (int kk = 0; kk < k; ++kk) {
+    __m512 xv[NV];
+    for (int v = 0; v < NV; ++v) xv[v] = _mm512_load_ps(xt + kk * ldxt + 16 * v);
+    for (int r = 0; r < RW; ++r) {
+      const __m512 wv = _mm512_set1_ps(w[int64_t{r} * k + kk]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(wv, xv[v], acc[r][v]);
+    }
+  }
+  // acc[r][v] lane i is y[16 v + i, r]: out through a small buffer.
+  alignas(64) float out[RW][NV * 16];
+  for (int r = 0; r < RW; ++r) {
+    for (int v = 0; v < NV; ++v) _mm512_store_ps(&out[r][16 * v], acc[r][v]);
+  }
+  for (int i = 0; i < rows_x; ++i) {
+    for (int r = 0; r < RW; ++r) y[i * ldy + r] = out[r][i];
+  }
+}
+
+template <int RW, int NV = 4>
+void TokensTileOf(int rows_w, int nv, const float* xt, int64_t ldxt, int rows_x, const float* w,
+                  int k, float* y, int64_t ldy) {
+  if constexpr (RW >= 1 && NV >= 1) {
+    if (rows_w != RW) {
+      TokensTileOf<RW - 1, NV>(rows_w, nv, xt, ldxt, rows_x, w, k, y, ldy);
+    } else if (nv != NV) {
+      TokensTileOf<RW, NV - 1>(rows_w, nv, xt, ldxt, rows_x, w, k, y, ldy);
+    } else {
+      TokensTile<RW, NV>(xt, ldxt, rows_x, w, k, y, ldy);
+    }
+  }
+}
+
 }  // namespace
+
+void TransposeRowsAvx512(const float* x, int64_t ldx, int m, int k, float* xt, int64_t ldxt) {
+  for (int t0 = 0; t0 < ldxt; t0 += 16) {
+    for (int k0 = 0; k0 < k; k0 += 16) {
+      const int nk = std::min(16, k - k0);
+      const __mmask16 kmask = FirstLanes(nk);
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i) {
+        r[i] = t0 + i < m ? _mm512_maskz_loadu_ps(kmask, x + (t0 + i) * ldx + k0)
+                          : _mm512_setzero_ps();
+      }
+      Transpose16x16(r);
+      for (int c = 0; c < nk; ++c) _mm512_store_ps(xt + (k0 + c) * ldxt + t0, r[c]);
+    }
+  }
+}
+
+void MatmulTokensAvx512(const float* xt, int64_t ldxt, int m, const float* w, int j0, int j1, int k,
+                        float* y, int64_t ldy) {
+  constexpr int kRows = 6, kTokens = 64;
+  for (int j = j0; j < j1; j += kRows) {
+    const int rows_w = std::min(kRows, j1 - j);
+    // The rows of W stay in L1 while every group of 64 rows of X passes.
+    for (int t = 0; t < m; t += kTokens) {
+      const int rows_x = std::min(kTokens, m - t);
+      TokensTileOf<kRows>(rows_w, (rows_x + 15) / 16, xt + t, ldxt, rows_x, w + int64_t{j} * k, k,
+                          y + t * ldy + j, ldy);
+    }
+  }
+}
 
 void MatmulPanelsAvx512(const float* x, int64_t ldx, int m, const float* w, int n, int j0, int j1,
                         int k, float* y, int64_t ldy) {

@@ -44,6 +44,16 @@ void MatmulPanelsAvx2(const float* x, int64_t ldx, int m, const float* w, int n,
 void MatmulPanelsAvx512(const float* x, int64_t ldx, int m, const float* w, int n, int j0, int j1,
                         int k, float* y, int64_t ldy);
 
+// Many rows of X (AVX-512 only): X transposed once per call, xt[k, ldxt]
+// with ldxt = m rounded up to 16 (zero rows past m), then rows [j0, j1) of W
+// (any j0) against it, vectorised across rows of X. The same bits as the
+// panel kernels, without packing W, whose transposition costs more than
+// its arithmetic saves once 48 or more rows of X share each panel... (see
+// Matmul in kernels.cc for the threshold).
+void TransposeRowsAvx512(const float* x, int64_t ldx, int m, int k, float* xt, int64_t ldxt);
+void MatmulTokensAvx512(const float* xt, int64_t ldxt, int m, const float* w, int j0, int j1, int k,
+                        float* y, int64_t ldy);
+
 // This thread's packing buffer, kKBlock x kPanel floats, 64-byte aligned.
 inline float* PanelBuffer() {
   struct Free {

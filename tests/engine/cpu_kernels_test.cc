@@ -39,11 +39,14 @@ struct Shape {
 };
 
 // Odd sizes around every edge: rows of X around the tile heights (12 for
-// AVX-512, 6 for AVX2), rows of W around the 32-row panel, k around the
-// 1024-value block (and k = 1), and a row stride wider than the row.
+// AVX-512, 6 for AVX2) and from 48 on (AVX-512 then runs across rows of X,
+// in groups of 64), rows of W around the 32-row panel and the 6-row tile,
+// k around the 1024-value block (and k = 1), and a row stride wider than
+// the row.
 const Shape kShapes[] = {{1, 1, 1},     {1, 33, 7},     {2, 31, 17},    {5, 32, 64},
                          {6, 65, 100},  {7, 47, 1023},  {11, 64, 1024}, {12, 96, 1025},
-                         {13, 100, 33}, {25, 70, 2100}, {64, 130, 288}, {70, 29, 515}};
+                         {13, 100, 33}, {25, 70, 2100}, {48, 7, 40},    {64, 130, 288},
+                         {70, 29, 515}, {130, 45, 1025}};
 
 void CheckAgainstReference(MatmulIsa isa, int threads) {
   ThreadPool pool(threads);
