@@ -44,12 +44,12 @@ void MatmulPanelsAvx2(const float* x, int64_t ldx, int m, const float* w, int n,
 void MatmulPanelsAvx512(const float* x, int64_t ldx, int m, const float* w, int n, int j0, int j1,
                         int k, float* y, int64_t ldy);
 
-// Many rows of X (AVX-512 only): X transposed once per call, xt[k, ldxt]
-// with ldxt = m rounded up to 16 (zero rows past m), then rows [j0, j1) of W
-// (any j0) against it, vectorised across rows of X. The same bits as the
-// panel kernels, without packing W, whose transposition costs more than
-// its arithmetic saves once 48 or more rows of X share each panel... (see
-// Matmul in kernels.cc for the threshold).
+// Many rows of X (AVX-512 only): packing W transposes every weight on every
+// call, which costs more than the arithmetic it serves once many rows of X
+// share it. Instead X is transposed, once per call, xt[k, ldxt] with ldxt =
+// m rounded up to 16 (zero rows past m), and rows [j0, j1) of W (any j0) run
+// against it with the rows of X across the vector lanes. The same bits as
+// the panel kernels; Matmul (kernels.cc) picks it from kMinRowsAcrossLanes.
 void TransposeRowsAvx512(const float* x, int64_t ldx, int m, int k, float* xt, int64_t ldxt);
 void MatmulTokensAvx512(const float* xt, int64_t ldxt, int m, const float* w, int j0, int j1, int k,
                         float* y, int64_t ldy);
