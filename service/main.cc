@@ -104,8 +104,8 @@ ABSL_FLAG(bool, log_steps, false,
 ABSL_FLAG(std::string, overlap_steps, "auto",
           "auto, on or off. On: run each engine step on its own thread while the engine "
           "thread streams the previous step's tokens, so that streaming does not add to the "
-          "step time. auto: on with --device=cuda (the step runs on the GPU, the host is "
-          "free); off on the CPU, whose cores the step already uses.");
+          "step time. auto: on, except with --device=null, whose steps take no time to "
+          "overlap.");
 
 namespace coalesce {
 namespace {
@@ -287,7 +287,7 @@ int Serve(const ServerOptions& options) {
   loop_options.max_batch_tokens = options.max_batch_tokens;
   loop_options.max_queue = options.max_queue;
   loop_options.log_steps = options.log_steps;
-  loop_options.overlap_steps = options.overlap_steps.value_or((*backend)->name() == "cuda");
+  loop_options.overlap_steps = options.overlap_steps.value_or((*backend)->name() != "null");
   // The metrics see every loop event; a step that loses the device also
   // triggers the shutdown below.
   service::ShutdownTrigger shutdown;

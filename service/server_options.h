@@ -46,7 +46,7 @@ struct ServerOptions {
   absl::Duration keepalive_time = absl::Seconds(30);
   absl::Duration keepalive_timeout = absl::Seconds(10);
   bool log_steps = false;
-  // --overlap_steps: nullopt (auto) overlaps on the CUDA backend only.
+  // --overlap_steps: nullopt (auto) overlaps except on the null backend.
   std::optional<bool> overlap_steps;
 };
 

@@ -63,6 +63,17 @@ def overlap_srv(pb):
     server.kill()
 
 
+@pytest.fixture(scope="module")
+def one_thread_srv(pb):
+    """Steps on the engine thread (--overlap_steps=off)."""
+    server, client = start_server(["--overlap_steps=off"])
+    assert wait_for(lambda: "overlap_steps off" in server.log(), 5), server.log()
+    client.bind(pb)
+    yield client
+    client.close()
+    server.kill()
+
+
 def assert_golden(res, case, label=""):
     g_ids = case["output_ids"]
     assert res.code is None, "%s: call failed: %r" % (label, res)
@@ -162,12 +173,12 @@ def test_batching_invariance(srv, golden):
     assert a.ids != b.ids and a.ids != golden[0]["output_ids"][:90]
 
 
-def test_overlapped_steps_stream_the_same_tokens(srv, overlap_srv, golden):
+def test_overlapped_steps_stream_the_same_tokens(one_thread_srv, overlap_srv, golden):
     """--overlap_steps=on changes when tokens are handed to the streams, never
-    which: the mixed batch gives each request what the default server gives
-    it alone, twice, and a cancelled request still frees its slot."""
-    reqs = _mixed_requests(srv, golden)
-    solo = [srv.generate(r) for _, r, _ in reqs]
+    which: the mixed batch gives each request what a server without overlap
+    gives it alone, twice, and a cancelled request still frees its slot."""
+    reqs = _mixed_requests(one_thread_srv, golden)
+    solo = [one_thread_srv.generate(r) for _, r, _ in reqs]
     for round_ in range(2):
         together = run_concurrently([lambda r=r: overlap_srv.generate(r) for _, r, _ in reqs])
         for i, ((kind, _, case), alone, res) in enumerate(zip(reqs, solo, together)):
