@@ -163,6 +163,7 @@ QueueStats EngineLoop::queue_stats() const {
 LoopSnapshot EngineLoop::Snapshot() const {
   LoopSnapshot snapshot;
   for (const auto& seq : running_) snapshot.running.push_back({seq->id, seq->blocks});
+  for (const PaddingRow& row : padding_) snapshot.running.push_back({row.id, row.blocks});
   for (const auto& seq : waiting_) snapshot.waiting.push_back(seq->id);
   snapshot.free_blocks = blocks_.free_ids();
   snapshot.total_blocks = total_blocks_;
@@ -254,6 +255,7 @@ void EngineLoop::Iterate(absl::Time now) {
   const int running_before = static_cast<int>(running_.size());
   // 2-3.
   ExpireRunning(now);
+  EndPaddingIfBatchOver();
   const Decision decision = ScheduleAndAdmit(now);
   // 4-5.
   StepStats stats;
@@ -394,6 +396,11 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
     // Attention reads K and V of every position up to the chunk's last.
     stats.bytes_read += (seq.num_cached + chunk.num_tokens) * kv_bytes_per_token_;
   }
+  for (const PaddingRow& row : padding_) {
+    step_tokens_.push_back(row.token);
+    step_seqs_.push_back({1, row.pos, row.blocks});
+    step_owner_.push_back(nullptr);  // nobody reads its token
+  }
   stats.bytes_read += backend_->weight_bytes();
   stats.num_seqs = static_cast<int>(plan.chunks.size());
   stats.prefill_tokens = plan.prefill_tokens;
@@ -408,8 +415,12 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
   // takes a greedy placeholder and draws nothing from its Rng.
   step_sampling_.clear();
   for (size_t i = 0; i < step_owner_.size(); ++i) {
+    engine::SampleSpec spec;  // greedy, for padding rows
+    if (step_owner_[i] == nullptr) {
+      step_sampling_.push_back(spec);
+      continue;
+    }
     Sequence& seq = *step_owner_[i];
-    engine::SampleSpec spec;
     if (seq.pending() == step_seqs_[i].num_tokens) {
       spec.params = seq.request.sampling;
       if (spec.params.temperature > 0.0f) spec.uniform = seq.rng.NextFloat();
@@ -438,10 +449,12 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
     Log(LogLevel::kError, absl::StrCat("engine step failed", device_lost ? " (device lost)" : "",
                                        ": ", status.ToString()));
     for (Sequence* seq : step_owner_) {
+      if (seq == nullptr) continue;  // padding
       FinishWithError(*seq,
                       absl::InternalError(absl::StrCat("engine step failed: ", status.message())));
     }
     std::erase_if(running_, [](const auto& seq) { return seq->done; });
+    EndPaddingIfBatchOver();
     if (device_lost) {
       {
         absl::MutexLock lock(&mu_);
@@ -456,6 +469,7 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
 
   const absl::Time now = clock_->Now();
   for (size_t i = 0; i < step_owner_.size(); ++i) {
+    if (step_owner_[i] == nullptr) continue;  // padding
     Sequence& seq = *step_owner_[i];
     seq.num_cached += step_seqs_[i].num_tokens;
     if (seq.pending() > 0) continue;  // a prompt chunk; more follow
@@ -464,6 +478,13 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
   }
   if (observer_ != nullptr) observer_->OnStep(stats);
   std::erase_if(running_, [](const auto& seq) { return seq->done; });
+  EndPaddingIfBatchOver();
+}
+
+void EngineLoop::EndPaddingIfBatchOver() {
+  if (!running_.empty()) return;
+  for (PaddingRow& row : padding_) blocks_.Free(row.blocks);
+  padding_.clear();
 }
 
 void EngineLoop::Emit(Sequence& seq, int32_t token, absl::Time now) {
@@ -483,6 +504,15 @@ void EngineLoop::Emit(Sequence& seq, int32_t token, absl::Time now) {
   update.token_ids.push_back(token);
   update.text = std::move(piece.text);
   const auto eos = tokenizer_->eos_ids();
+  const bool finished = std::find(eos.begin(), eos.end(), token) != eos.end() || piece.stopped ||
+                        seq.generated >= seq.request.max_new_tokens ||
+                        static_cast<int>(seq.tokens.size()) >= backend_->config().max_seq_len;
+  if (finished && options_.scheduler.mode == BatchingMode::kStaticPadded) {
+    // Its row stays in the batch: the last cached position, recomputed.
+    padding_.push_back(
+        {seq.id, seq.tokens[seq.num_cached - 1], seq.num_cached - 1, std::move(seq.blocks)});
+    seq.blocks.clear();
+  }
   if (std::find(eos.begin(), eos.end(), token) != eos.end()) {
     update.text += seq.text->Finish();
     update.finish_reason = FinishReason::kEos;
@@ -548,6 +578,7 @@ void EngineLoop::EndAllCancelled() {
   std::for_each(running_.begin(), running_.end(), end);
   waiting_.clear();
   running_.clear();
+  EndPaddingIfBatchOver();
   PublishQueueStats();
 }
 
@@ -571,6 +602,7 @@ void EngineLoop::EndAllDeviceLost(const absl::Status& cause) {
   }
   running_.clear();
   waiting_.clear();
+  EndPaddingIfBatchOver();
 }
 
 void EngineLoop::PublishQueueStats() {

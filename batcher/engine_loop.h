@@ -161,6 +161,8 @@ class EngineLoop {
   // error naming `cause` (see the top of this file).
   void EndAllDeviceLost(const absl::Status& cause);
   void PublishQueueStats();
+  // kStaticPadded: frees the padding rows once no sequence of the batch runs.
+  void EndPaddingIfBatchOver();
 
   engine::Backend* const backend_;
   const engine::Tokenizer* const tokenizer_;
@@ -189,10 +191,19 @@ class EngineLoop {
   BlockAllocator blocks_;
   std::vector<std::unique_ptr<Sequence>> waiting_;  // any order: the scheduler orders
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order
-  std::optional<absl::Time> reconsider_at_;         // from the last decision
-  bool decided_on_empty_engine_ = false;            // the last decision saw no running sequence
-  HoldReason last_hold_ = HoldReason::kNone;        // of the last decision, taken at...
-  absl::Time last_decision_at_;                     // ...this time
+  // kStaticPadded: finished sequences of the running batch, whose rows each
+  // step recomputes (their last position, with their own KV blocks).
+  struct PaddingRow {
+    uint64_t id;
+    int32_t token;  // the token at `pos`
+    int pos;
+    std::vector<int32_t> blocks;
+  };
+  std::vector<PaddingRow> padding_;
+  std::optional<absl::Time> reconsider_at_;   // from the last decision
+  bool decided_on_empty_engine_ = false;      // the last decision saw no running sequence
+  HoldReason last_hold_ = HoldReason::kNone;  // of the last decision, taken at...
+  absl::Time last_decision_at_;               // ...this time
   // Step buffers, reused.
   std::vector<RunningSequence> plan_input_;        // [num_running]
   std::vector<int32_t> step_tokens_;               // [total_tokens]

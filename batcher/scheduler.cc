@@ -82,7 +82,7 @@ Decision Scheduler::Schedule(const QueueState& state, absl::Time now) const {
   }
 
   // 3. Static batching admits only into an empty engine.
-  if (config_.mode == BatchingMode::kStatic && state.running > 0) {
+  if (config_.mode != BatchingMode::kContinuous && state.running > 0) {
     decision.hold = HoldReason::kStaticBatchRunning;
     return decision;
   }

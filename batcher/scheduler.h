@@ -31,7 +31,11 @@
 //   cannot starve).
 //
 // Static batching (for comparison): the same rule, but only while nothing
-// runs; a batch runs until all of its sequences finish.
+// runs; a batch runs until all of its sequences finish. kStaticPadded is the
+// classic form (a fixed-shape batch, as servers without iteration-level
+// scheduling run it): a finished sequence keeps its KV blocks and its row in
+// every step, recomputing its last position as padding, until the batch
+// ends. kStatic drops finished rows from the steps (a stronger baseline).
 #pragma once
 
 #include <cstdint>
@@ -44,7 +48,7 @@
 
 namespace coalesce::batcher {
 
-enum class BatchingMode { kContinuous, kStatic };
+enum class BatchingMode { kContinuous, kStatic, kStaticPadded };
 
 struct SchedulerConfig {
   int max_batch_size = 16;                             // sequences in one engine step

@@ -49,8 +49,10 @@ ABSL_FLAG(absl::Duration, batch_window, absl::ZeroDuration(),
           "requests that arrive during a step still join together at its end.");
 ABSL_FLAG(int, max_batch_size, 16, "Most sequences in one engine step (1 to 256).");
 ABSL_FLAG(std::string, batching, "continuous",
-          "continuous: sequences join and leave the batch at every step. static: "
-          "a batch runs until all its sequences finish (for comparison).");
+          "continuous: sequences join and leave the batch at every step. For comparison: "
+          "static: a batch runs until all its sequences finish; static_padded: the same, and "
+          "finished sequences keep their rows in every step as padding, as fixed-shape "
+          "batches do.");
 ABSL_FLAG(int, max_batch_tokens, 2048,
           "Most tokens processed in one engine step: decode tokens of running sequences "
           "first, prompt chunks in the rest (a longer prompt is split across steps). At "
@@ -126,9 +128,11 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     o.scheduler.mode = batcher::BatchingMode::kContinuous;
   } else if (batching == "static") {
     o.scheduler.mode = batcher::BatchingMode::kStatic;
+  } else if (batching == "static_padded") {
+    o.scheduler.mode = batcher::BatchingMode::kStaticPadded;
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("--batching=", batching, ": expected continuous or static"));
+        absl::StrCat("--batching=", batching, ": expected continuous, static or static_padded"));
   }
   if (o.scheduler.max_batch_size < 1 || o.scheduler.max_batch_size > 256) {
     return absl::InvalidArgumentError("--max_batch_size must be in [1, 256]");
@@ -332,8 +336,7 @@ int Serve(const ServerOptions& options) {
        "batch_window %s, batching %s, overlap_steps %s",
        config.name, options.host, grpc_port, metrics_endpoint ? metrics_endpoint->port() : -1,
        (*backend)->name(), options.scheduler.max_batch_size,
-       absl::FormatDuration(options.scheduler.batch_window),
-       options.scheduler.mode == batcher::BatchingMode::kStatic ? "static" : "continuous",
+       absl::FormatDuration(options.scheduler.batch_window), absl::GetFlag(FLAGS_batching),
        loop_options.overlap_steps ? "on" : "off");
 
   // 4. Wait for a reason to stop: SIGINT/SIGTERM (taken by a thread of its

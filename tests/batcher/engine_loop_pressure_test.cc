@@ -128,6 +128,38 @@ TEST_P(PressureTest, LowerPriorityIsPreemptedFirst) {
   EXPECT_THAT(low->ids(), ElementsAre(4, 5, 6, 7, 8, 9, 10, 11));
 }
 
+// Static batches: A (2 tokens) and B (6 tokens) run together; C waits for
+// the batch to end. Without padding A's row leaves when A finishes; with it
+// (the classic fixed-shape batch) A's row and KV blocks stay until B ends.
+TEST_P(PressureTest, StaticBatchesWithAndWithoutPadding) {
+  for (BatchingMode mode : {BatchingMode::kStatic, BatchingMode::kStaticPadded}) {
+    SCOPED_TRACE(mode == BatchingMode::kStatic ? "static" : "static_padded");
+    EngineLoopOptions options = Options(4);
+    options.scheduler.mode = mode;
+    MakeLoop(options, /*num_blocks=*/16);
+    auto a = Submit(Request({0, 1}, 2));
+    auto b = Submit(Request({5, 6, 7}, 6));
+    loop_->Tick();  // A and B prefill together, each samples its first token
+    auto c = Submit(Request({9}, 1));
+    loop_->Tick();                             // A's second and last token
+    ASSERT_TRUE(a->finished() || GetParam());  // with overlap, delivered next Tick
+    const int used_after_a = UsedBlocks();
+    RunUntilFinished({a, b, c});
+    EXPECT_THAT(a->ids(), ElementsAre(2, 3));
+    EXPECT_THAT(b->ids(), ElementsAre(8, 9, 10, 11, 12, 13));
+    EXPECT_THAT(c->ids(), ElementsAre(10));
+    if (mode == BatchingMode::kStatic) {
+      // A's block (4 positions) is free as soon as it finishes; B holds 1.
+      EXPECT_EQ(used_after_a, 1);
+      EXPECT_THAT(backend_->batch_sizes(), ElementsAre(2, 2, 1, 1, 1, 1, 1));
+    } else {
+      EXPECT_EQ(used_after_a, 2);  // A's block is held for its padding row
+      EXPECT_THAT(backend_->batch_sizes(), ElementsAre(2, 2, 2, 2, 2, 2, 1));
+    }
+    EXPECT_EQ(UsedBlocks(), 0);
+  }
+}
+
 TEST_P(PressureTest, ChunkedPrefillInterleavesWithDecodes) {
   // Budget of 4 tokens per step. A decodes; B's 10-token prompt arrives and
   // is split 3 + 3 + 3 + 1 around A's one decode token per step.

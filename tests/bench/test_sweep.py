@@ -69,11 +69,13 @@ def test_results_are_well_formed(sweep):
 
     static = sec["static"]["points"]
     assert sorted((p["params"]["lengths"], p["params"]["batching"]) for p in static) == [
-        ("4:16", "continuous"), ("4:16", "static"),
-        ("4:16:log", "continuous"), ("4:16:log", "static")]
+        (lengths, mode) for lengths in ("4:16", "4:16:log")
+        for mode in ("continuous", "static", "static_padded")]
     assert all("requests" not in p["report"] for p in static)  # records are dropped
     pairs = sec["static"]["analysis"]
-    assert sorted(pair["lengths"] for pair in pairs) == ["4:16", "4:16:log"]
+    assert sorted((pair["lengths"], pair["baseline"]) for pair in pairs) == [
+        (lengths, baseline) for lengths in ("4:16", "4:16:log")
+        for baseline in ("static", "static_padded")]
     for pair in pairs:
         assert pair["ratio"] > 0 and isinstance(pair["target_met"], bool)
 

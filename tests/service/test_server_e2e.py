@@ -43,9 +43,9 @@ def batch_srv(pb):
     server.kill()
 
 
-@pytest.fixture(scope="module")
-def static_srv(pb):
-    server, client = start_server(["--batching=static", "--batch_window=50ms"])
+@pytest.fixture(scope="module", params=["static", "static_padded"])
+def static_srv(pb, request):
+    server, client = start_server(["--batching=" + request.param, "--batch_window=50ms"])
     client.bind(pb)
     yield client
     client.close()
