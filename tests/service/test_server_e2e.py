@@ -24,54 +24,44 @@ from e2e_support import *  # noqa: F401,F403  the shared server, client and metr
 # Servers (one per flag set)
 # ---------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def srv(pb):
-    """The default server (5 ms window, 16 slots), with a 64 KiB message limit."""
-    server, client = start_server(["--max_request_bytes=65536"])
+def _serve(pb, flags, started_line=None):
+    """Yields a client of a server started with `flags` (whose log, when
+    `started_line` is given, must say so), and stops it afterwards."""
+    server, client = start_server(flags)
+    if started_line is not None:
+        assert wait_for(lambda: started_line in server.log(), 5), server.log()
     client.bind(pb)
     yield client
     client.close()
     server.kill()
+
+
+@pytest.fixture(scope="module")
+def srv(pb):
+    """The default server (no window, 16 slots), with a 64 KiB message limit."""
+    yield from _serve(pb, ["--max_request_bytes=65536"])
 
 
 @pytest.fixture(scope="module")
 def batch_srv(pb):
-    server, client = start_server(["--batch_window=200ms", "--max_batch_size=8"])
-    client.bind(pb)
-    yield client
-    client.close()
-    server.kill()
+    yield from _serve(pb, ["--batch_window=200ms", "--max_batch_size=8"])
 
 
 @pytest.fixture(scope="module", params=["static", "static_padded"])
 def static_srv(pb, request):
-    server, client = start_server(["--batching=" + request.param, "--batch_window=50ms"])
-    client.bind(pb)
-    yield client
-    client.close()
-    server.kill()
+    yield from _serve(pb, ["--batching=" + request.param, "--batch_window=50ms"])
 
 
 @pytest.fixture(scope="module")
 def overlap_srv(pb):
     """Steps on their own thread while the engine thread streams (--overlap_steps=on)."""
-    server, client = start_server(["--overlap_steps=on"])
-    assert wait_for(lambda: "overlap_steps on" in server.log(), 5), server.log()
-    client.bind(pb)
-    yield client
-    client.close()
-    server.kill()
+    yield from _serve(pb, ["--overlap_steps=on"], "overlap_steps on")
 
 
 @pytest.fixture(scope="module")
 def one_thread_srv(pb):
     """Steps on the engine thread (--overlap_steps=off)."""
-    server, client = start_server(["--overlap_steps=off"])
-    assert wait_for(lambda: "overlap_steps off" in server.log(), 5), server.log()
-    client.bind(pb)
-    yield client
-    client.close()
-    server.kill()
+    yield from _serve(pb, ["--overlap_steps=off"], "overlap_steps off")
 
 
 def assert_golden(res, case, label=""):
