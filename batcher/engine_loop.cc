@@ -504,30 +504,29 @@ void EngineLoop::Emit(Sequence& seq, int32_t token, absl::Time now) {
   update.token_ids.push_back(token);
   update.text = std::move(piece.text);
   const auto eos = tokenizer_->eos_ids();
-  const bool finished = std::find(eos.begin(), eos.end(), token) != eos.end() || piece.stopped ||
-                        seq.generated >= seq.request.max_new_tokens ||
-                        static_cast<int>(seq.tokens.size()) >= backend_->config().max_seq_len;
-  if (finished && options_.scheduler.mode == BatchingMode::kStaticPadded) {
+  std::optional<FinishReason> reason;
+  if (std::find(eos.begin(), eos.end(), token) != eos.end()) {
+    reason = FinishReason::kEos;
+  } else if (piece.stopped) {
+    reason = FinishReason::kStop;
+  } else if (seq.generated >= seq.request.max_new_tokens ||
+             static_cast<int>(seq.tokens.size()) >= backend_->config().max_seq_len) {
+    reason = FinishReason::kLength;
+  }
+  if (!reason.has_value()) {
+    Deliver(seq, std::move(update));
+    return;
+  }
+  if (options_.scheduler.mode == BatchingMode::kStaticPadded) {
     // Its row stays in the batch: the last cached position, recomputed.
     padding_.push_back(
         {seq.id, seq.tokens[seq.num_cached - 1], seq.num_cached - 1, std::move(seq.blocks)});
     seq.blocks.clear();
   }
-  if (std::find(eos.begin(), eos.end(), token) != eos.end()) {
-    update.text += seq.text->Finish();
-    update.finish_reason = FinishReason::kEos;
-    Finish(seq, std::move(update));
-  } else if (piece.stopped) {
-    update.finish_reason = FinishReason::kStop;
-    Finish(seq, std::move(update));
-  } else if (seq.generated >= seq.request.max_new_tokens ||
-             static_cast<int>(seq.tokens.size()) >= backend_->config().max_seq_len) {
-    update.text += seq.text->Finish();
-    update.finish_reason = FinishReason::kLength;
-    Finish(seq, std::move(update));
-  } else {
-    Deliver(seq, std::move(update));
-  }
+  // Unless a stop sequence ended it, the text the stream still holds goes out.
+  if (*reason != FinishReason::kStop) update.text += seq.text->Finish();
+  update.finish_reason = *reason;
+  Finish(seq, std::move(update));
 }
 
 void EngineLoop::Deliver(Sequence& seq, StreamUpdate update) {
