@@ -9,7 +9,8 @@
 # coalesce-gpu-bench; runs the kernel tests against the CPU arithmetic; runs
 # the backend tests (logits against the CPU backend, stories260K's goldens in
 # FP32 exactly and in BF16 as agreement, a batch against the same requests
-# alone, graphs against eager steps); then benchmarks the 1B and 8B shapes.
+# alone, graphs against eager steps); then benchmarks the 1B and 8B shapes,
+# and the engine loop with and without --overlap_steps (coalesce-loop-bench).
 # The summary comes last. Logs go to $OUT (or build-gpucheck/out).
 #
 # What the machine lacks comes in .gpucheck/, which tools/gpu/prepare.sh fills
@@ -59,7 +60,7 @@ if step configure cmake -S . -B build-gpucheck "${generator[@]}" -DCMAKE_BUILD_T
   -DCOALESCE_GTEST_SOURCE="$root/.gpucheck/googletest" \
   -DCOALESCE_MODELS_DIR="$root/.gpucheck/models" &&
   step build cmake --build build-gpucheck -j"$(nproc)" \
-    --target cuda_kernels_test cuda_backend_test coalesce-gpu-bench; then
+    --target cuda_kernels_test cuda_backend_test coalesce-gpu-bench coalesce-loop-bench; then
   export LD_LIBRARY_PATH="$root/.gpucheck/absl/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   # Time limits, so that a hang cannot eat the machine's whole lease.
   step kernel_tests timeout 180 build-gpucheck/bin/cuda_kernels_test \
@@ -67,6 +68,10 @@ if step configure cmake -S . -B build-gpucheck "${generator[@]}" -DCMAKE_BUILD_T
   step backend_tests timeout 240 build-gpucheck/bin/cuda_backend_test \
     --gtest_output="xml:$out/backend.xml"
   step bench timeout 300 build-gpucheck/bin/coalesce-gpu-bench
+  # The engine loop with and without --overlap_steps on the GPU (host work
+  # per streamed token as in the server).
+  step loop timeout 120 build-gpucheck/bin/coalesce-loop-bench --device=cuda \
+    --model=synthetic:110m --batch=64 --tokens=64 --rounds=3
 else
   tail -40 "$out/configure.log" "$out/build.log" 2>/dev/null
 fi
@@ -76,6 +81,7 @@ for log in kernel_tests backend_tests; do
   [[ -f $out/$log.log ]] && grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|Failure|relative error|goldens|decode the same|cuda:' "$out/$log.log" | head -40
 done
 [[ -f $out/bench.log ]] && cat "$out/bench.log"
+[[ -f $out/loop.log ]] && echo && cat "$out/loop.log"
 echo
 echo "summary:"
 printf '  %s\n' "${summary[@]}"
