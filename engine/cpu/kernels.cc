@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <functional>
 #include <memory>
 
 #include "engine/cpu/matmul_panels.h"
@@ -154,33 +153,36 @@ void Matmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const float* w
     for (int i = 0; i < m; ++i) std::fill(y + i * ldy, y + i * ldy + n, 0.0f);
     return;
   }
-  // Rows [j0, j1) of W against every row of X, by one of the kernels: all
-  // of them compute the same bits.
-  std::function<void(int, int)> rows;
+  // Rows [j0, j1) of W against every row of X by `rows`, on the pool when
+  // the product is large enough.
+  auto run = [&](auto rows) {
+    // Below ~64K multiply-adds a thread handoff costs more than it saves.
+    const int64_t work = int64_t{m} * n * k;
+    const int threads = pool.size();
+    if (threads == 1 || work < (int64_t{1} << 16)) {
+      rows(0, n);
+      return;
+    }
+    // A few tasks per thread for balance, each a whole number of panels.
+    const int num_panels = (n + kPanel - 1) / kPanel;
+    const int tasks = std::min(num_panels, threads * 4);
+    pool.ParallelFor(tasks, [&](int task, int) {
+      const int j0 = std::min(n, static_cast<int>(int64_t{num_panels} * task / tasks) * kPanel);
+      const int j1 =
+          std::min(n, static_cast<int>(int64_t{num_panels} * (task + 1) / tasks) * kPanel);
+      rows(j0, j1);
+    });
+  };
+  // Either kernel computes the same bits.
   if (isa == MatmulIsa::kAvx512 && m >= kMinRowsAcrossLanes) {
     const int64_t ldxt = (m + 15) / 16 * 16;
     float* xt = TransposeBuffer(static_cast<size_t>(ldxt) * k);
     TransposeRowsAvx512(x, ldx, m, k, xt, ldxt);
-    rows = [=](int j0, int j1) { MatmulTokensAvx512(xt, ldxt, m, w, j0, j1, k, y, ldy); };
+    run([=](int j0, int j1) { MatmulTokensAvx512(xt, ldxt, m, w, j0, j1, k, y, ldy); });
   } else {
     const MatmulPanelsFn panels = ChosenKernel(isa);
-    rows = [=](int j0, int j1) { panels(x, ldx, m, w, n, j0, j1, k, y, ldy); };
+    run([=](int j0, int j1) { panels(x, ldx, m, w, n, j0, j1, k, y, ldy); });
   }
-  // Below ~64K multiply-adds a thread handoff costs more than it saves.
-  const int64_t work = int64_t{m} * n * k;
-  const int threads = pool.size();
-  if (threads == 1 || work < (int64_t{1} << 16)) {
-    rows(0, n);
-    return;
-  }
-  // A few tasks per thread for balance, each a whole number of panels.
-  const int num_panels = (n + kPanel - 1) / kPanel;
-  const int tasks = std::min(num_panels, threads * 4);
-  pool.ParallelFor(tasks, [&](int task, int) {
-    const int j0 = std::min(n, static_cast<int>(int64_t{num_panels} * task / tasks) * kPanel);
-    const int j1 = std::min(n, static_cast<int>(int64_t{num_panels} * (task + 1) / tasks) * kPanel);
-    rows(j0, j1);
-  });
 }
 
 void MatmulReference(const float* x, int64_t ldx, int m, const float* w, int n, int k, float* y,
