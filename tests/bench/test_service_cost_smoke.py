@@ -72,3 +72,9 @@ def test_closed_loop_runs_every_generation_to_its_length(server, tmp_path):
 def test_script_parses():
     r = subprocess.run(["bash", "-n", SCRIPT], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_script_refuses_an_unknown_device():
+    env = dict(os.environ, SERVICE_COST_DEVICE="tpu")
+    r = subprocess.run(["bash", SCRIPT], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 1 and "SERVICE_COST_DEVICE must be cpu or cuda" in r.stderr, r

@@ -1,17 +1,20 @@
 """What the end-to-end tests share: the server process, a gRPC client of
 coalesce.v1 with health and reflection, and a Prometheus text parser.
 
-Python stubs are generated at test time into a temporary folder. Only the
-message classes (*_pb2) are generated; calls go through grpc's generic
-multi-callables, so no grpc python plugin is needed. Debian bookworm's
-python3-grpc-tools (1.14.1) bundles a protoc too old for proto3 `optional`,
-so when `python3 -m grpc_tools.protoc` fails the system `protoc` is used.
+The client's message classes come from e2e_protos (a descriptor set, no
+generated code).
+
+Environment:
+    COALESCE_SERVER           the server binary (default <repo>/build/bin/coalesce-server)
+    COALESCE_MODELS_DIR       the folder holding stories260K/ (default <repo>/../shared/models)
+    COALESCE_SERVER_FLAGS     flags for every server the tests start, before each
+                              test's own (which win): e.g. "--device=cuda --dtype=fp32"
+    COALESCE_E2E_DESCRIPTORS  a FileDescriptorSet made by e2e_protos, instead of running protoc
 """
 
 import concurrent.futures
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,78 +31,11 @@ MODELS = os.environ.get("COALESCE_MODELS_DIR") or os.path.join(REPO, "..", "shar
 MODEL_BIN = os.path.join(MODELS, "stories260K", "stories260K.bin")
 TOKENIZER_BIN = os.path.join(MODELS, "stories260K", "tok512.bin")
 GOLDEN_JSON = os.path.join(MODELS, "stories260K", "golden.json")
+SERVER_FLAGS = os.environ.get("COALESCE_SERVER_FLAGS", "").split()
 
 VOCAB = 512
 CONTEXT = 512
 RPC_TIMEOUT = 60  # seconds; no call in this file should come near it
-
-# ---------------------------------------------------------------------------
-# Stubs
-# ---------------------------------------------------------------------------
-
-HEALTH_PROTO = """
-syntax = "proto3";
-package grpc.health.v1;
-message HealthCheckRequest { string service = 1; }
-message HealthCheckResponse {
-  enum ServingStatus { UNKNOWN = 0; SERVING = 1; NOT_SERVING = 2; SERVICE_UNKNOWN = 3; }
-  ServingStatus status = 1;
-}
-service Health {
-  rpc Check(HealthCheckRequest) returns (HealthCheckResponse);
-  rpc Watch(HealthCheckRequest) returns (stream HealthCheckResponse);
-}
-"""
-
-# The subset of grpc/reflection/v1alpha/reflection.proto that list_services
-# needs (field numbers as upstream; unknown fields are skipped on parse).
-REFLECTION_PROTO = """
-syntax = "proto3";
-package grpc.reflection.v1alpha;
-message ServerReflectionRequest {
-  string host = 1;
-  oneof message_request {
-    string file_by_filename = 3;
-    string file_containing_symbol = 4;
-    string list_services = 7;
-  }
-}
-message ServiceResponse { string name = 1; }
-message ListServiceResponse { repeated ServiceResponse service = 1; }
-message ErrorResponse { int32 error_code = 1; string error_message = 2; }
-message ServerReflectionResponse {
-  string valid_host = 1;
-  ServerReflectionRequest original_request = 2;
-  oneof message_response {
-    ListServiceResponse list_services_response = 6;
-    ErrorResponse error_response = 7;
-  }
-}
-service ServerReflection {
-  rpc ServerReflectionInfo(stream ServerReflectionRequest)
-      returns (stream ServerReflectionResponse);
-}
-"""
-
-
-def _protoc(include_dir, out_dir, proto):
-    """Compiles `proto` (relative to include_dir) to *_pb2.py in out_dir."""
-    attempts = [[sys.executable, "-m", "grpc_tools.protoc"]]
-    if shutil.which("protoc"):
-        attempts.append([shutil.which("protoc")])
-    errors = []
-    for cmd in attempts:
-        r = subprocess.run(cmd + ["-I", include_dir, "--python_out=" + out_dir, proto],
-                           capture_output=True, text=True)
-        if r.returncode == 0:
-            return
-        errors.append("%s: %s" % (" ".join(cmd), r.stderr.strip()))
-    raise RuntimeError("cannot compile %s:\n%s" % (proto, "\n".join(errors)))
-
-
-class Stubs:
-    pass
-
 
 # ---------------------------------------------------------------------------
 # The server process
@@ -128,7 +64,7 @@ class Server:
                 pytest.fail("model file not found: %s (set COALESCE_MODELS_DIR)" % f)
         if model_flags is None:
             model_flags = ["--model=" + MODEL_BIN, "--tokenizer=" + TOKENIZER_BIN]
-        self.cmd = ([SERVER] + list(model_flags) +
+        self.cmd = ([SERVER] + list(model_flags) + SERVER_FLAGS +
                     ["--port=0", "--metrics_port=0", "--host=127.0.0.1"] + list(extra_flags))
         self._log = []
         self._lock = threading.Lock()
@@ -459,3 +395,4 @@ class BackgroundLoad:
     def ok_count(self):
         """Generate calls made (solo runs included), all of which succeeded."""
         return sum(len(r) for r in self.results) + len(self.reqs)
+

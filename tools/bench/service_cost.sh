@@ -30,6 +30,13 @@
 #   over its 240 decode steps.
 #   SERVICE_COST_SERVER_FLAGS: more coalesce-server flags for both runs
 #   (e.g. --overlap_steps=false).
+#   SERVICE_COST_DEVICE (default cpu) and SERVICE_COST_MODEL (default
+#   synthetic:15m): the engine of (b). With cuda, the engine's own rate comes
+#   from coalesce-loop-bench instead (the engine loop without gRPC over the
+#   CUDA backend, 64 requests of the same lengths, --overlap_steps on as in
+#   the server, no host work per update; the median of SERVICE_COST_ENGINE_REPEAT
+#   rounds), and BUILD_DIR/bin must hold it: the GPU check runs this script on
+#   tools/gpu/prepare.sh's .gpucheck/server.
 # Exit status: 0 when every measurement ran and no request failed (a missed
 # target is printed, not an error: numbers on a shared machine vary), 1
 # otherwise.
@@ -48,8 +55,17 @@ if ! [[ $secs =~ ^[0-9]+$ && $secs -ge 5 && $repeat =~ ^[0-9]+$ && $repeat -ge 1
     "SERVICE_COST_ENGINE_REPEAT >= 1" >&2
   exit 1
 fi
-model=synthetic:15m
-for b in coalesce-server coalesce-bench coalesce-engine-bench; do
+model=${SERVICE_COST_MODEL:-synthetic:15m}
+device=${SERVICE_COST_DEVICE:-cpu}
+case $device in
+  cpu) engine_bench=coalesce-engine-bench ;;
+  cuda) engine_bench=coalesce-loop-bench ;;
+  *)
+    echo "service_cost: SERVICE_COST_DEVICE must be cpu or cuda" >&2
+    exit 1
+    ;;
+esac
+for b in coalesce-server coalesce-bench $engine_bench; do
   if [[ ! -x $bin/$b ]]; then
     echo "service_cost: $bin/$b not found; run tools/build.sh or pass the build folder" >&2
     exit 1
@@ -135,7 +151,7 @@ status=0
 echo "# service_cost: the server's own cost ($bin, $(nproc) cores, load average $(load) at the start)"
 
 # ---- (a) the ceiling -------------------------------------------------------
-a_server="--device=null --model=$model --max_batch_size=256 --max_batch_tokens=16384 --batch_window=0${SERVICE_COST_SERVER_FLAGS:+ $SERVICE_COST_SERVER_FLAGS}"
+a_server="--device=null --model=synthetic:15m --max_batch_size=256 --max_batch_tokens=16384 --batch_window=0${SERVICE_COST_SERVER_FLAGS:+ $SERVICE_COST_SERVER_FLAGS}"
 a_client="--concurrency=256 --duration=${secs}s --warmup=${warmup}s --prompt_tokens=16 --max_new_tokens=512"
 echo
 echo "## (a) ceiling: no arithmetic (--device=null), 256 closed-loop streams"
@@ -151,17 +167,26 @@ printf '%s tokens/s streamed in %s messages/s (%s tokens per message); %s reques
   "$a_tps" "$a_mps" "$a_tpm" "$a_completed" "$a_failed" "$a_elapsed"
 
 # ---- (b) server against engine --------------------------------------------
-b_engine="--model=$model --batch_sizes=64 --context=16 --steps=240 --repeat=$repeat --sample"
-b_server="--device=cpu --model=$model --max_batch_size=64${SERVICE_COST_SERVER_FLAGS:+ $SERVICE_COST_SERVER_FLAGS}"
+if [[ $device == cpu ]]; then
+  b_engine="--model=$model --batch_sizes=64 --context=16 --steps=240 --repeat=$repeat --sample"
+else
+  b_engine="--device=cuda --model=$model --batch=64 --prompt=16 --tokens=241 --deliver_us=0 --rounds=$repeat"
+fi
+b_server="--device=$device --model=$model --max_batch_size=64${SERVICE_COST_SERVER_FLAGS:+ $SERVICE_COST_SERVER_FLAGS}"
 b_client="--concurrency=64 --duration=${secs}s --warmup=${warmup}s --prompt_tokens=16 --max_new_tokens=241"
 echo
-echo "## (b) server against engine: $model on the CPU, 64 streams, positions 16 to 255"
+echo "## (b) server against engine: $model on $device, 64 streams, positions 16 to 255"
 # Prints the engine's table; sets engine_tps (tokens/s at batch 64).
 engine_run() {
   # shellcheck disable=SC2086
-  "$bin/coalesce-engine-bench" $b_engine >"$work/engine.txt"
+  "$bin/$engine_bench" $b_engine >"$work/engine.txt"
   sed 's/^/engine: /' "$work/engine.txt"
-  engine_tps=$(awk '$1 == 64 { print $3 }' "$work/engine.txt")
+  if [[ $device == cpu ]]; then
+    engine_tps=$(awk '$1 == 64 { print $3 }' "$work/engine.txt")
+  else  # the median of the "overlap on" column of coalesce-loop-bench's rounds
+    engine_tps=$(awk -F'|' '$2 ~ /^ *[0-9]+ *$/ { print $4 + 0 }' "$work/engine.txt" | sort -g |
+      awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
+  fi
 }
 engine_run
 b_engine_before=$engine_tps
@@ -210,7 +235,7 @@ echo
 echo "commands:"
 echo "  (a) $bin/coalesce-server $a_server"
 echo "      $bin/coalesce-bench $a_client"
-echo "  (b) $bin/coalesce-engine-bench $b_engine"
+echo "  (b) $bin/$engine_bench $b_engine"
 echo "      $bin/coalesce-server $b_server"
 echo "      $bin/coalesce-bench $b_client"
 exit $status

@@ -11,11 +11,19 @@
 # FP32 exactly and in BF16 as agreement, a batch against the same requests
 # alone, graphs against eager steps); then benchmarks the 1B and 8B shapes,
 # and the engine loop with and without --overlap_steps (coalesce-loop-bench).
-# The summary comes last. Logs go to $OUT (or build-gpucheck/out).
+# Then the server itself, over gRPC with --device=cuda: the end-to-end tests
+# (tests/service, FP32, stories260K's goldens through the server, a batch
+# against the same requests alone, cancellation, deadlines, preemption, bad
+# input, metrics, drain) under this machine's Python and grpcio, and the
+# service's cost (tools/bench/service_cost.sh: the server against its own
+# engine on the 1B shape at 64 streams). The summary comes last. Logs go to
+# $OUT (or build-gpucheck/out).
 #
 # What the machine lacks comes in .gpucheck/, which tools/gpu/prepare.sh fills
 # on a development machine: Abseil (headers and shared libraries), the
-# googletest sources, stories260K, and the commit being checked. (Debian's
+# googletest sources, stories260K, the server built there with the libraries
+# it needs, the gRPC API's descriptors for the tests' client, and the commit
+# being checked. (Debian's
 # Abseil headers predate GCC 13, which no longer pulls <cstdint> in through
 # other headers: hence the forced include.)
 set -uo pipefail
@@ -76,12 +84,31 @@ else
   tail -40 "$out/configure.log" "$out/build.log" 2>/dev/null
 fi
 
+# The server over gRPC (it does not need the engine build above).
+if [[ -x .gpucheck/server/bin/coalesce-server ]]; then
+  step server_e2e timeout 300 env COALESCE_SERVER="$root/.gpucheck/server/bin/coalesce-server" \
+    COALESCE_MODELS_DIR="$root/.gpucheck/models" COALESCE_E2E_DESCRIPTORS="$root/.gpucheck/e2e.desc" \
+    COALESCE_SERVER_FLAGS="--device=cuda --dtype=fp32" \
+    python3 -m pytest -q -rA -p no:cacheprovider tests/service/test_server_e2e.py \
+    tests/service/test_pressure_e2e.py
+  step service_cost timeout 240 env SERVICE_COST_DEVICE=cuda SERVICE_COST_MODEL=synthetic:1b \
+    SERVICE_COST_SECONDS=10 SERVICE_COST_ENGINE_REPEAT=3 tools/bench/service_cost.sh .gpucheck/server
+else
+  echo "check.sh: no .gpucheck/server (tools/gpu/prepare.sh makes it): the server is not checked"
+fi
+
 echo
 for log in kernel_tests backend_tests; do
   [[ -f $out/$log.log ]] && grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|Failure|relative error|goldens|decode the same|cuda:' "$out/$log.log" | head -40
 done
 [[ -f $out/bench.log ]] && cat "$out/bench.log"
 [[ -f $out/loop.log ]] && echo && cat "$out/loop.log"
+if [[ -f $out/server_e2e.log ]]; then
+  echo
+  echo "## The server over gRPC on the GPU: tests/service with --device=cuda --dtype=fp32"
+  grep -E '^(PASSED|FAILED|ERROR|SKIPPED) |^=* *[0-9]+ (passed|failed|error)' "$out/server_e2e.log"
+fi
+[[ -f $out/service_cost.log ]] && echo && cat "$out/service_cost.log"
 echo
 echo "summary:"
 printf '  %s\n' "${summary[@]}"

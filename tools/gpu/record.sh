@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Writes docs/gpu.md from the files a GPU check left in its output folder
-# (tools/gpu/check.sh: check.txt, kernel_tests.log, backend_tests.log):
+# (tools/gpu/check.sh: check.txt, kernel_tests.log, backend_tests.log, and
+# server_e2e.log when the server was checked):
 #
 #   tools/gpu/record.sh /path/to/out
 #
@@ -30,6 +31,14 @@ done
     grep -E '^\[ +(OK|FAILED|SKIPPED) +\] [A-Za-z]' "$out/$log.log" | sed -E 's/^\[ +([A-Z]+) +\] /* \1 /' | sed 's/ ([0-9]* ms)$//'
     echo
   done
+  if [[ -f $out/server_e2e.log ]]; then
+    # pytest -rA: a line per test, then the counts.
+    echo "\`server_e2e\`: coalesce-server with \`--device=cuda --dtype=fp32\` under \`tests/service\`" \
+      "($(grep -E '^=* *[0-9]+ (passed|failed|error)' "$out/server_e2e.log" | tail -1 | tr -d '=' | sed 's/^ *//; s/ *$//')):"
+    echo
+    grep -E '^(PASSED|FAILED|ERROR|SKIPPED) ' "$out/server_e2e.log" | sed -E 's/^([A-Z]+) tests\/service\//* \1 /'
+    echo
+  fi
   echo "## Output"
   echo
   echo '```text'
