@@ -33,7 +33,7 @@ done
   done
   if [[ -f $out/server_e2e.log ]]; then
     # pytest -rA: a line per test, then the counts.
-    echo "\`server_e2e\`: coalesce-server with \`--device=cuda --dtype=fp32\` under \`tests/service\`" \
+    echo "\`server_e2e\`: coalesce-server with \`--device=cuda --dtype=fp32 --kv_cache_memory=1GiB\` under \`tests/service\`" \
       "($(grep -E '^=* *[0-9]+ (passed|failed|error)' "$out/server_e2e.log" | tail -1 | tr -d '=' | sed 's/^ *//; s/ *$//')):"
     echo
     grep -E '^(PASSED|FAILED|ERROR|SKIPPED) ' "$out/server_e2e.log" | sed -E 's/^([A-Z]+) tests\/service\//* \1 /'
