@@ -6,12 +6,13 @@ has python3-grpcio, python3-protobuf and python3-pytest:
 
     /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/service/test_server_e2e.py
 
-Environment:
-    COALESCE_SERVER      the server binary (default <repo>/build/bin/coalesce-server)
-    COALESCE_MODELS_DIR  the folder holding stories260K/ (default <repo>/../shared/models)
+Environment: see e2e_support (COALESCE_SERVER, COALESCE_MODELS_DIR,
+COALESCE_SERVER_FLAGS, COALESCE_E2E_DESCRIPTORS).
 """
 
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -257,6 +258,64 @@ def test_cancel_frees_slot(srv, golden):
     # The server still serves.
     assert_golden(srv.generate(srv.request(prompt=case["prompt"], max_new_tokens=124)),
                   case, "after cancel")
+
+
+# A client of its own process: opens `n` streams of one serialized
+# GenerateRequest, prints a line as each gets its first message, and then
+# waits to be killed.
+_DYING_CLIENT = r"""
+import sys, threading, time, grpc
+address, request, n = sys.argv[1], bytes.fromhex(sys.argv[2]), int(sys.argv[3])
+channel = grpc.insecure_channel(address)
+generate = channel.unary_stream("/coalesce.v1.Generator/Generate",
+                                request_serializer=lambda b: b, response_deserializer=lambda b: b)
+lock = threading.Lock()
+def stream():
+    for i, _ in enumerate(generate(request, timeout=60)):
+        if i == 0:
+            with lock:
+                sys.stdout.write("streaming\n")
+                sys.stdout.flush()
+for _ in range(n):
+    threading.Thread(target=stream, daemon=True).start()
+time.sleep(60)
+"""
+
+
+def test_client_killed_mid_stream_ends_its_requests(srv, golden):
+    """A client that dies mid-stream (its process killed: the connection just
+    closes, no cancellation is sent) does not take the server down, and its
+    generations stop within a step instead of running on: each counted
+    cancelled, its slot and KV blocks freed, while other streams go on."""
+    before = wait_idle(srv)
+    cancelled_before = before.get("coalesce_requests_total", status="cancelled")
+    ok_before = before.get("coalesce_requests_total", status="ok")
+    case = golden[0]
+    # Long (342 tokens, then EOS): still running when the client dies.
+    req = srv.request(prompt=case["prompt"], max_new_tokens=CONTEXT - 5)
+    n = 4
+    with BackgroundLoad(srv) as load:
+        child = subprocess.Popen(
+            [sys.executable, "-c", _DYING_CLIENT, srv.server.address,
+             req.SerializeToString().hex(), str(n)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            for _ in range(n):
+                line = child.stdout.readline()
+                assert line == "streaming\n", "the client's stream did not start: %r" % line
+            child.kill()
+            child.wait(10)
+        finally:
+            if child.poll() is None:
+                child.kill()
+        assert wait_for(lambda: srv.metrics().get("coalesce_requests_total", status="cancelled")
+                        == cancelled_before + n, 10), "the dead client's requests did not end"
+    after = wait_idle(srv)
+    assert after.get("coalesce_requests_total", status="cancelled") == cancelled_before + n
+    # Every other request of the run succeeded, with its solo output (BackgroundLoad).
+    assert after.get("coalesce_requests_total", status="ok") == ok_before + load.ok_count()
+    assert_golden(srv.generate(srv.request(prompt=case["prompt"], max_new_tokens=124)),
+                  case, "after the client died")
 
 
 def test_deadline_exceeded_while_running_frees_slot(srv, golden):
