@@ -1,8 +1,8 @@
 """The gRPC API's messages for the end-to-end tests' client, built at test time
 from a FileDescriptorSet (protoc --descriptor_set_out) through protobuf's
-descriptor pool: no generated *_pb2.py code, whose support ends with the
-protobuf release that made it, and no grpc python plugin (the client calls
-through grpc's generic multi-callables). Debian bookworm's python3-grpc-tools
+descriptor pool: no generated *_pb2.py code, which protobuf supports only
+under runtimes of the major version that generated it, and no grpc python
+plugin (the client calls through grpc's generic multi-callables). Debian bookworm's python3-grpc-tools
 (1.14.1) bundles a protoc too old for proto3 `optional`, so when
 `python3 -m grpc_tools.protoc` fails the system `protoc` is used. A machine
 without protoc (the GPU check's) is given a set compiled elsewhere:
@@ -10,7 +10,7 @@ without protoc (the GPU check's) is given a set compiled elsewhere:
     python3 tests/service/e2e_protos.py OUT.desc                    # where protoc is
     COALESCE_E2E_DESCRIPTORS=OUT.desc python3 -m pytest tests/service  # where it is not
 
-Needs only the standard library to compile, and protobuf to load.
+Compiling needs protoc and the standard library; loading needs protobuf.
 """
 
 import os
