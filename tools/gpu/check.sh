@@ -17,7 +17,7 @@
 # input, metrics, drain) under this machine's Python and grpcio, and the
 # service's cost (tools/bench/service_cost.sh: the server against its own
 # engine on the 1B shape at 64 streams). The summary comes last. Logs go to
-# $OUT (or build-gpucheck/out).
+# $OUT (or build-gpucheck/out), and all it prints to check.txt there too.
 #
 # What the machine lacks comes in .gpucheck/, which tools/gpu/prepare.sh fills
 # on a development machine: Abseil (headers and shared libraries), the
@@ -35,6 +35,8 @@ if [[ ! -d .gpucheck/absl || ! -d .gpucheck/models/stories260K ]]; then
   echo "check.sh: .gpucheck/ is missing or incomplete; run tools/gpu/prepare.sh first" >&2
   exit 2
 fi
+# All it prints also goes to $out/check.txt, which tools/gpu/record.sh reads.
+exec > >(tee "$out/check.txt") 2>&1
 
 summary=()
 step() {  # step NAME COMMAND...: runs it, logs to $out/NAME.log, records the outcome
