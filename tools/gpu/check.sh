@@ -18,6 +18,8 @@
 # service's cost (tools/bench/service_cost.sh: the server against its own
 # engine on the 1B shape at 64 streams). The summary comes last. Logs go to
 # $OUT (or build-gpucheck/out), and all it prints to check.txt there too.
+# Exit status: 0 when every step passed, 1 when one failed, 2 without
+# .gpucheck/.
 #
 # What the machine lacks comes in .gpucheck/, which tools/gpu/prepare.sh fills
 # on a development machine: Abseil (headers and shared libraries), the
@@ -39,6 +41,7 @@ fi
 exec > >(tee "$out/check.txt") 2>&1
 
 summary=()
+failed=0  # the exit status: 1 once a step fails
 step() {  # step NAME COMMAND...: runs it, logs to $out/NAME.log, records the outcome
   local name=$1
   shift
@@ -47,6 +50,7 @@ step() {  # step NAME COMMAND...: runs it, logs to $out/NAME.log, records the ou
   "$@" >"$out/$name.log" 2>&1
   local rc=$?
   summary+=("$(printf '%-14s %-4s %4ds' "$name" "$([[ $rc == 0 ]] && echo ok || echo FAIL)" $((SECONDS - start)))")
+  [[ $rc == 0 ]] || failed=1
   return $rc
 }
 
@@ -83,7 +87,9 @@ if step configure cmake -S . -B build-gpucheck "${generator[@]}" -DCMAKE_BUILD_T
   step loop timeout 120 build-gpucheck/bin/coalesce-loop-bench --device=cuda \
     --model=synthetic:110m --batch=64 --tokens=64 --rounds=3
 else
-  tail -40 "$out/configure.log" "$out/build.log" 2>/dev/null
+  for log in "$out/configure.log" "$out/build.log"; do
+    [[ -f $log ]] && tail -n 40 "$log"
+  done
 fi
 
 # The server over gRPC (it does not need the engine build above). A fixed
@@ -116,3 +122,4 @@ fi
 echo
 echo "summary:"
 printf '  %s\n' "${summary[@]}"
+exit $failed
