@@ -23,11 +23,11 @@
 #
 # What the machine lacks comes in .gpucheck/, which tools/gpu/prepare.sh fills
 # on a development machine: Abseil (headers and shared libraries), the
-# googletest sources, stories260K, the server built there with the libraries
-# it needs, the gRPC API's descriptors for the tests' client, and the commit
-# being checked. (Debian's
-# Abseil headers predate GCC 13, which no longer pulls <cstdint> in through
-# other headers: hence the forced include.)
+# googletest sources, stories260K, the server (built on that machine, with
+# the libraries it needs), the gRPC API's descriptors for the tests' client,
+# and the commit being checked. (Debian's Abseil headers predate GCC 13, which
+# no longer pulls <cstdint> in through other headers: hence the forced
+# include.)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
