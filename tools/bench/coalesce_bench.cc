@@ -22,6 +22,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -299,7 +300,26 @@ absl::StatusOr<ModelDescription> DescribeModel(const Config& config, Generator::
 // What the runner keeps of a stream in flight, to cancel it at the end. Shared
 // with the stream, so that the context outlives both the call and any
 // TryCancel; cancelling a finished call is a no-op.
+//
+// A handle is destroyed only on the driver thread, the one that made it (see
+// Runner::ReleaseFinishedCalls). A ClientContext holds a reference to its
+// channel; destroyed on one of gRPC's callback threads after the driver has
+// dropped the stubs, it would run the channel's destructor there, which shuts
+// down and deletes the completion queue that very thread is serving, and the
+// process aborts in gRPC. The destructor checks the rule, so that breaking it
+// fails every run rather than one in a hundred.
 struct CallHandle {
+  CallHandle() : driver(std::this_thread::get_id()) {}
+  ~CallHandle() {
+    if (std::this_thread::get_id() != driver) {
+      std::fputs("coalesce-bench: a call's context was destroyed off the driver thread\n", stderr);
+      std::abort();
+    }
+  }
+  CallHandle(const CallHandle&) = delete;
+  CallHandle& operator=(const CallHandle&) = delete;
+
+  const std::thread::id driver;
   grpc::ClientContext context;
   std::atomic<bool> cancelled_by_bench{false};
 };
@@ -373,6 +393,8 @@ class Runner {
   enum class Phase { kWarmup, kMeasuring, kDraining };
 
   void Launch(bool warmup, double send_lag_s);
+  // Drops the handles of the streams that ended. Driver thread only.
+  void ReleaseFinishedCalls();
   void WaitForFreeSlot(int64_t limit, absl::Duration timeout);
   void CancelAll();
   void ShowProgress(Phase phase, bool final_line);
@@ -388,6 +410,8 @@ class Runner {
   absl::Mutex mu_;
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int64_t, std::shared_ptr<CallHandle>> calls_ ABSL_GUARDED_BY(mu_);
+  // Handles of ended streams, kept for the driver thread to release.
+  std::vector<std::shared_ptr<CallHandle>> finished_calls_ ABSL_GUARDED_BY(mu_);
   std::vector<RequestRecord> records_ ABSL_GUARDED_BY(mu_);
   int64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
@@ -449,12 +473,11 @@ void Stream::OnDone(const grpc::Status& status) {
 }
 
 void Runner::OnStreamDone(RequestRecord record) {
-  std::shared_ptr<CallHandle> call;  // released outside the lock
   absl::MutexLock lock(&mu_);
   --in_flight_;
   auto it = calls_.find(record.index);
   if (it != calls_.end()) {
-    call = std::move(it->second);
+    finished_calls_.push_back(std::move(it->second));
     calls_.erase(it);
   }
   if (record.status_code == 0) {
@@ -466,6 +489,7 @@ void Runner::OnStreamDone(RequestRecord record) {
 }
 
 void Runner::Launch(bool warmup, double send_lag_s) {
+  ReleaseFinishedCalls();
   const int64_t index = next_index_++;
   RequestSpec spec = workload_.Next();
   GenerateRequest request;
@@ -501,6 +525,15 @@ void Runner::Launch(bool warmup, double send_lag_s) {
   record.send_s = Seconds(send - start_);
   auto* stream = new Stream(this, std::move(call), std::move(request), std::move(record));
   stream->Start(stubs_[index % stubs_.size()].get(), send);
+}
+
+void Runner::ReleaseFinishedCalls() {
+  std::vector<std::shared_ptr<CallHandle>> finished;
+  {
+    absl::MutexLock lock(&mu_);
+    finished.swap(finished_calls_);
+  }
+  // The contexts are destroyed here, outside the lock.
 }
 
 void Runner::WaitForFreeSlot(int64_t limit, absl::Duration timeout) {
@@ -669,6 +702,7 @@ ReportInput Runner::Run() {
     }
   }
   const SteadyClock::time_point drain_end = SteadyClock::now();
+  ReleaseFinishedCalls();
   if (config_.progress) {
     progress_fraction_ = 1;
     ShowProgress(Phase::kDraining, true);
