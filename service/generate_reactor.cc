@@ -99,7 +99,11 @@ void GenerateReactor::Deliver(batcher::StreamUpdate update) {
     }
     action = NextActionLocked();
   }
-  Perform(action);
+  // With nothing to do, touch nothing: once the lock is released, a write in
+  // flight can complete on a gRPC thread, which then writes the last message,
+  // finishes the RPC, and gRPC deletes this reactor (OnDone). A write or a
+  // finish that this call started keeps the reactor alive until it is done.
+  if (action != Action::kNone) Perform(action);
 }
 
 GenerateReactor::Action GenerateReactor::NextActionLocked() {

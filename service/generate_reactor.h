@@ -6,8 +6,11 @@
 //
 // Lifetime: gRPC deletes the reactor in OnDone, which runs only after Finish.
 // Finish is called only after the engine's final update (or when Submit
-// failed, in which case the engine never calls us), so the engine never
-// touches a deleted reactor.
+// failed, in which case the engine never calls us). The final update may
+// arrive while a write is in flight; then the write's completion, on a gRPC
+// thread, finishes the RPC, possibly before the engine's Deliver has
+// returned, so Deliver touches nothing after releasing the lock unless it
+// started a write or the finish itself.
 #pragma once
 
 #include <cstdint>

@@ -8,7 +8,7 @@ import tempfile
 import pytest
 
 from e2e_protos import compile_descriptors, load_stubs
-from e2e_support import GOLDEN_JSON, _RUNNING_SERVERS
+from e2e_support import GOLDEN_JSON, _RUNNING_SERVERS, _STARTED_IN_TEST
 
 
 @pytest.fixture(scope="session")
@@ -34,11 +34,16 @@ def golden():
 
 @pytest.fixture(autouse=True)
 def _server_log_on_failure():
-    """Prints each running server's log lines from this test. pytest shows the
-    captured output only for tests that fail."""
+    """Prints the log lines from this test of each server that ran in it,
+    including servers the test stopped, with their exit status. pytest shows
+    the captured output only for tests that fail."""
     marks = {id(s): s.log_len() for s in _RUNNING_SERVERS}
+    earlier = list(_RUNNING_SERVERS)
+    del _STARTED_IN_TEST[:]
     yield
-    for s in list(_RUNNING_SERVERS):
-        start = marks.get(id(s), 0)
-        sys.stderr.write("---- server log (%s), from this test ----\n%s"
-                         % (" ".join(s.cmd[1:]), s.log(start)))
+    for s in earlier + [s for s in _STARTED_IN_TEST if id(s) not in marks]:
+        rc = s.proc.poll()
+        state = ("running" if rc is None else
+                 "killed by signal %d" % -rc if rc < 0 else "exit status %d" % rc)
+        sys.stderr.write("---- server log (%s; %s), from this test ----\n%s"
+                         % (" ".join(s.cmd[1:]), state, s.log(marks.get(id(s), 0))))

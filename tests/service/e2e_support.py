@@ -51,7 +51,10 @@ def _die_with_parent():
 
 
 _SERVING_RE = re.compile(r"serving (\S+) on ([0-9.]+):(\d+) \(metrics port (-?\d+)\)")
+# Servers not yet killed, and every server started since the current test
+# began (conftest's log fixture prints the logs of both).
 _RUNNING_SERVERS = []
+_STARTED_IN_TEST = []
 
 
 class Server:
@@ -85,6 +88,7 @@ class Server:
                         % (self.proc.returncode, self.log()))
         self.address = "127.0.0.1:%d" % self.port
         _RUNNING_SERVERS.append(self)
+        _STARTED_IN_TEST.append(self)
 
     def _drain(self):
         for raw in iter(self.proc.stdout.readline, b""):

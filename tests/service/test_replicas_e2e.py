@@ -58,18 +58,29 @@ def test_round_robin_spreads_calls_and_a_drained_replica_fails_nothing(pb, golde
 
         def call(max_new_tokens):
             req = pb.g.GenerateRequest(prompt=case["prompt"], max_new_tokens=max_new_tokens)
-            ids = [t for m in generate(req, timeout=RPC_TIMEOUT) for t in m.token_ids]
+            ids = []
+            try:
+                for m in generate(req, timeout=RPC_TIMEOUT):
+                    ids.extend(m.token_ids)
+            except grpc.RpcError as e:
+                raise AssertionError("%s after %d tokens: %s" % (
+                    e.code(), len(ids), e.debug_error_string())) from None
             assert ids == case["output_ids"][:max_new_tokens]
 
-        # 1. Calls spread over all three replicas.
-        for _ in range(12):
+        # 1. Calls spread over all three replicas. round_robin uses a replica
+        # once its connection is up, and channel_ready_future returns when
+        # the first one is, so the first calls may all go to one or two.
+        for _ in range(60):
             call(8)
-        counts = [ok_count(c) for c in clients]
+            counts = [ok_count(c) for c in clients]
+            if all(n >= 2 for n in counts):
+                break
         assert all(n >= 2 for n in counts), counts
 
         # 2. Load from six threads; SIGTERM replica 0 in the middle of it.
         stop = threading.Event()
         failures, done = [], [0]
+        t_signal = [float("inf")]
         lock = threading.Lock()
 
         def load():
@@ -80,7 +91,8 @@ def test_round_robin_spreads_calls_and_a_drained_replica_fails_nothing(pb, golde
                         done[0] += 1
                 except Exception as e:  # any failure fails the test
                     with lock:
-                        failures.append(repr(e))
+                        failures.append("%.2f s after the signal: %s" % (
+                            time.monotonic() - t_signal[0], e))
 
         threads = [threading.Thread(target=load) for _ in range(6)]
         for t in threads:
@@ -88,7 +100,7 @@ def test_round_robin_spreads_calls_and_a_drained_replica_fails_nothing(pb, golde
         assert wait_for(lambda: clients[0].metrics().get("coalesce_requests_running") >= 1, 10,
                         interval=0.005), "replica 0 never ran a stream"
         servers[0].proc.send_signal(signal.SIGTERM)
-        t_signal = time.monotonic()
+        t_signal[0] = time.monotonic()
         before = [ok_count(c) for c in clients[1:]]
         time.sleep(2.0)
         stop.set()
@@ -98,7 +110,7 @@ def test_round_robin_spreads_calls_and_a_drained_replica_fails_nothing(pb, golde
         assert failures == [], failures[:3]
         rc = servers[0].proc.wait(30)
         assert rc == 0
-        assert time.monotonic() - t_signal < 25
+        assert time.monotonic() - t_signal[0] < 25
         log = servers[0].log()
         assert "draining" in log and "stopped" in log
         # After the signal, the other two took the new calls.

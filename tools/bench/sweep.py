@@ -287,8 +287,14 @@ class Server:
         """The Prometheus text, summed over label sets: {name: value}, with
         name{labels} kept too for the few labelled series we read."""
         url = "http://127.0.0.1:%d/metrics" % self.metrics_port
-        with urllib.request.urlopen(url, timeout=10) as f:
-            text = f.read().decode("utf-8")
+        try:
+            with urllib.request.urlopen(url, timeout=10) as f:
+                text = f.read().decode("utf-8")
+        except OSError as e:
+            rc = self.proc.poll()
+            raise RuntimeError("cannot read %s (%s); coalesce-server %s: %s\n%s" % (
+                url, e, "is running" if rc is None else "exited with %d" % rc,
+                shlex.join(self.cmd), self.log())) from None
         out = {}
         for line in text.splitlines():
             if not line or line.startswith("#"):
