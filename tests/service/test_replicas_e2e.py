@@ -91,8 +91,10 @@ def test_round_robin_spreads_calls_and_a_drained_replica_fails_nothing(pb, golde
                         done[0] += 1
                 except Exception as e:  # any failure fails the test
                     with lock:
-                        failures.append("%.2f s after the signal: %s" % (
-                            time.monotonic() - t_signal[0], e))
+                        since = time.monotonic() - t_signal[0]
+                        failures.append("%s: %s" % (
+                            "before the signal" if since < 0 else
+                            "%.2f s after the signal" % since, e))
 
         threads = [threading.Thread(target=load) for _ in range(6)]
         for t in threads:
