@@ -797,6 +797,10 @@ template <typename T>
 absl::Status CudaBackend<T>::Execute(size_t meta_bytes, int rows, int seqs, bool decode, int n,
                                      std::span<float> logits, std::span<int32_t> tokens) {
   const bool sample = !tokens.empty();
+  // A step may run on another thread than the one that made the backend (the
+  // engine loop's step thread, with --overlap_steps), and CUDA's current
+  // device is per thread.
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(meta_.get<void>(), meta_host_.get<void>(), meta_bytes,
                                        cudaMemcpyHostToDevice, stream_));
   const auto graph = decode ? graphs_.find(seqs) : graphs_.end();

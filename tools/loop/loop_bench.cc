@@ -4,17 +4,19 @@
 // what handing a token to a gRPC stream costs the engine thread in the server
 // (a StartWrite, about 15 us). Prints generated tokens/s both ways and their
 // ratio: what overlapping that host work with the step buys on this backend.
+// Every round also checks that overlap changes nothing: each request's tokens
+// must equal those of the first round (overlap off), or the tool exits 1.
 // Needs only the engine and the batcher, so the GPU check builds it too.
 //
 // Usage: coalesce-loop-bench [--device=cpu|cuda] [--model=synthetic:15m] [--batch=64]
 //          [--prompt=16] [--tokens=128] [--deliver_us=15] [--rounds=3]
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,7 +41,7 @@ struct Options {
   int rounds = 3;
 };
 
-// Counts one request's tokens, spending `cost` of busy time per update.
+// Keeps one request's tokens, spending `cost` of busy time per update.
 class CostlySink : public batcher::OutputSink {
  public:
   explicit CostlySink(absl::Duration cost) : cost_(cost) {}
@@ -47,24 +49,25 @@ class CostlySink : public batcher::OutputSink {
     const auto until = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(cost_);
     while (std::chrono::steady_clock::now() < until) {
     }
-    tokens_ += static_cast<int>(update.token_ids.size());
+    absl::MutexLock lock(&mu_);
+    tokens_.insert(tokens_.end(), update.token_ids.begin(), update.token_ids.end());
     if (update.finished) {
-      absl::MutexLock lock(&mu_);
       ok_ = update.status.ok();
       done_ = true;
     }
   }
-  bool WaitDone() {
+  // Waits for the last update; the request's tokens, or nullopt if it failed.
+  std::optional<std::vector<int32_t>> WaitDone() {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(&done_));
-    return ok_;
+    if (!ok_) return std::nullopt;
+    return tokens_;
   }
-  int tokens() const { return tokens_; }
 
  private:
   const absl::Duration cost_;
-  std::atomic<int> tokens_{0};
   absl::Mutex mu_;
+  std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   bool ok_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -85,16 +88,20 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(
   return engine::CreateCpuBackend(std::move(model), c);
 }
 
-// Generated tokens per second of wall time for one round of o.batch
-// requests, all submitted at once.
-double Round(const Options& o, engine::Backend* backend, const engine::Tokenizer& tokenizer,
-             bool overlap) {
+struct RoundResult {
+  double tokens_per_second = 0;               // generated tokens over the round's wall time
+  std::vector<std::vector<int32_t>> outputs;  // each request's tokens
+};
+
+// One round of o.batch requests, all submitted before the loop starts, so
+// that every round plans the same steps (the first admits every request).
+RoundResult Round(const Options& o, engine::Backend* backend, const engine::Tokenizer& tokenizer,
+                  bool overlap) {
   batcher::EngineLoopOptions loop_options;
   loop_options.scheduler.max_batch_size = o.batch;
   loop_options.scheduler.batch_window = absl::ZeroDuration();
   loop_options.overlap_steps = overlap;
   batcher::EngineLoop loop(backend, &tokenizer, loop_options, RealClock(), nullptr);
-  loop.Start();
   std::vector<std::shared_ptr<CostlySink>> sinks;
   const absl::Time start = absl::Now();
   for (int i = 0; i < o.batch; ++i) {
@@ -109,17 +116,39 @@ double Round(const Options& o, engine::Backend* backend, const engine::Tokenizer
       std::exit(1);
     }
   }
-  int tokens = 0;
+  loop.Start();
+  RoundResult result;
+  size_t tokens = 0;
   for (auto& sink : sinks) {
-    if (!sink->WaitDone()) {
+    std::optional<std::vector<int32_t>> output = sink->WaitDone();
+    if (!output) {
       std::fprintf(stderr, "a request failed\n");
       std::exit(1);
     }
-    tokens += sink->tokens();
+    tokens += output->size();
+    result.outputs.push_back(*std::move(output));
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   loop.Stop();
-  return tokens / seconds;
+  result.tokens_per_second = static_cast<double>(tokens) / seconds;
+  return result;
+}
+
+// Exits 1, naming the first difference, unless every request of `round`
+// produced the tokens it did in `reference`.
+void CheckSameOutputs(const RoundResult& reference, const RoundResult& round, const char* name) {
+  for (size_t i = 0; i < reference.outputs.size(); ++i) {
+    const std::vector<int32_t>& want = reference.outputs[i];
+    const std::vector<int32_t>& got = round.outputs[i];
+    if (got == want) continue;
+    size_t k = 0;
+    while (k < want.size() && k < got.size() && want[k] == got[k]) ++k;
+    std::fprintf(stderr,
+                 "%s: request %zu's tokens differ from the first round's at position %zu "
+                 "(%zu tokens against %zu)\n",
+                 name, i, k, got.size(), want.size());
+    std::exit(1);
+  }
 }
 
 int Main(int argc, char** argv) {
@@ -174,17 +203,24 @@ int Main(int argc, char** argv) {
       "tokens, %d us of host work per streamed update\n\n| round | overlap off tokens/s | "
       "overlap on tokens/s | on / off |\n|---:|---:|---:|---:|\n",
       o.model.c_str(), (*backend)->name().data(), o.batch, o.prompt, o.tokens, o.deliver_us);
-  Round(o, backend->get(), *tokenizer, false);  // warm-up
+  // The warm-up's outputs are the reference: greedy decoding of the same
+  // steps gives the same tokens, overlapped or not.
+  const RoundResult reference = Round(o, backend->get(), *tokenizer, false);
   std::vector<double> ratios;
   for (int r = 0; r < o.rounds; ++r) {
     // Alternating, so that a drift of the machine's speed hits both.
-    const double off = Round(o, backend->get(), *tokenizer, false);
-    const double on = Round(o, backend->get(), *tokenizer, true);
-    ratios.push_back(on / off);
-    std::printf("| %d | %.1f | %.1f | %.3fx |\n", r + 1, off, on, on / off);
+    const RoundResult off = Round(o, backend->get(), *tokenizer, false);
+    const RoundResult on = Round(o, backend->get(), *tokenizer, true);
+    CheckSameOutputs(reference, off, "overlap off");
+    CheckSameOutputs(reference, on, "overlap on");
+    const double ratio = on.tokens_per_second / off.tokens_per_second;
+    ratios.push_back(ratio);
+    std::printf("| %d | %.1f | %.1f | %.3fx |\n", r + 1, off.tokens_per_second,
+                on.tokens_per_second, ratio);
   }
   std::sort(ratios.begin(), ratios.end());
   std::printf("\nmedian on / off: %.3fx\n", ratios[ratios.size() / 2]);
+  std::printf("every round's tokens equal the first round's, overlap on and off\n");
   return 0;
 }
 
