@@ -32,6 +32,10 @@ MODEL_BIN = os.path.join(MODELS, "stories260K", "stories260K.bin")
 TOKENIZER_BIN = os.path.join(MODELS, "stories260K", "tok512.bin")
 GOLDEN_JSON = os.path.join(MODELS, "stories260K", "golden.json")
 SERVER_FLAGS = os.environ.get("COALESCE_SERVER_FLAGS", "").split()
+# The backends GetModelInfo may name: the one --device asks for (the last
+# --device flag wins, as in the server), either real one for "auto".
+_DEVICE = ([f.split("=", 1)[1] for f in SERVER_FLAGS if f.startswith("--device=")] or ["auto"])[-1]
+EXPECTED_BACKENDS = ("cpu", "cuda") if _DEVICE == "auto" else (_DEVICE,)
 
 VOCAB = 512
 CONTEXT = 512
