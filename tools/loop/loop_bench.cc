@@ -141,8 +141,8 @@ void CheckSameOutputs(const RoundResult& reference, const RoundResult& round, co
     const std::vector<int32_t>& want = reference.outputs[i];
     const std::vector<int32_t>& got = round.outputs[i];
     if (got == want) continue;
-    size_t k = 0;
-    while (k < want.size() && k < got.size() && want[k] == got[k]) ++k;
+    const size_t k =
+        std::mismatch(got.begin(), got.end(), want.begin(), want.end()).first - got.begin();
     std::fprintf(stderr,
                  "%s: request %zu's tokens differ from the first round's at position %zu "
                  "(%zu tokens against %zu)\n",
