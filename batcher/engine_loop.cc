@@ -173,13 +173,15 @@ LoopSnapshot EngineLoop::Snapshot() const {
 bool EngineLoop::HasWork() const { return stopping_ || !inbox_.empty() || !cancels_.empty(); }
 
 // Nothing can move without new arrivals, cancellations or the passage of
-// time: no sequence runs, and nobody waits, or the last decision was taken
-// with the engine already empty (so only the coalescing window held them)
-// and says when to look again. A decision taken while sequences still ran
-// is retaken at once: they have since left and freed slots and blocks.
+// time: no sequence runs, and nobody waits, or the last decision left the
+// engine empty (it found nobody running and admitted nobody, so only time
+// can change it: the coalescing window, aging, a timeout) and says when to
+// look again. Any other decision is retaken at once: the sequences running
+// then, or admitted by it, have since left and freed slots and blocks, even
+// if all of them left in the very step they joined.
 bool EngineLoop::Idle() const {
   return running_.empty() &&
-         (waiting_.empty() || (decided_on_empty_engine_ && reconsider_at_.has_value()));
+         (waiting_.empty() || (decision_left_engine_empty_ && reconsider_at_.has_value()));
 }
 
 // ---------------------------------------------------------------------------
@@ -310,7 +312,7 @@ Decision EngineLoop::ScheduleAndAdmit(absl::Time now) {
                          std::max(0, blocks_.num_free() - imminent)};
   Decision decision = scheduler_.Schedule(state, now);
   reconsider_at_ = decision.reconsider_at;
-  decided_on_empty_engine_ = running_.empty();
+  decision_left_engine_empty_ = running_.empty() && decision.admit.empty();
   last_hold_ = decision.hold;
   last_decision_at_ = now;
 

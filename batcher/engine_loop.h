@@ -201,7 +201,7 @@ class EngineLoop {
   };
   std::vector<PaddingRow> padding_;
   std::optional<absl::Time> reconsider_at_;   // from the last decision
-  bool decided_on_empty_engine_ = false;      // the last decision saw no running sequence
+  bool decision_left_engine_empty_ = false;   // nobody ran, and it admitted nobody
   HoldReason last_hold_ = HoldReason::kNone;  // of the last decision, taken at...
   absl::Time last_decision_at_;               // ...this time
   // Step buffers, reused.

@@ -122,6 +122,32 @@ TEST_P(EngineLoopTest, LateArrivalJoinsTheRunningBatch) {
   EXPECT_EQ(first->ids().size(), 12u);
 }
 
+TEST_P(EngineLoopTest, QueueDrainsWhenEveryAdmittedRequestEndsInItsFirstStep) {
+  // More requests than slots, each done after one token (scoring traffic):
+  // when the whole batch leaves in its first step, the slots it frees go to
+  // the next in line at once. No aging, and a queue timeout far off: a loop
+  // that slept until its next timed decision would sleep for an hour.
+  SchedulerConfig config{4, absl::ZeroDuration()};
+  config.priority_aging = absl::ZeroDuration();
+  config.max_queue_wait = absl::Hours(1);
+  backend_ = std::make_unique<CountingBackend>(64);
+  EngineLoopOptions options{config};
+  options.overlap_steps = GetParam();
+  loop_ = std::make_unique<EngineLoop>(backend_.get(), &tokenizer_, options, RealClock(), nullptr);
+  // Queued before the loop starts, so its first decision sees all twelve.
+  std::vector<std::shared_ptr<Collector>> sinks;
+  for (int i = 0; i < 12; ++i) sinks.push_back(Submit(Request({i % 8}, 1)));
+  loop_->Start();
+  for (int i = 0; i < 12; ++i) {
+    std::optional<StreamUpdate> last = sinks[i]->WaitFinalFor(absl::Seconds(20));
+    ASSERT_TRUE(last.has_value()) << "request " << i << " never finished: the loop stalled";
+    EXPECT_EQ(last->finish_reason, FinishReason::kLength);
+    EXPECT_THAT(sinks[i]->ids(), ElementsAre(i % 8 + 1));
+  }
+  EXPECT_THAT(backend_->batch_sizes(), ElementsAre(4, 4, 4));
+  ExpectAllBlocksFree();
+}
+
 TEST_P(EngineLoopTest, CancelFreesTheSlotAndBlocks) {
   StartLoop({4, absl::ZeroDuration()});
   backend_->step_delay_ = absl::Milliseconds(2);

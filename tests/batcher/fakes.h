@@ -123,6 +123,15 @@ class Collector : public OutputSink {
         +[](std::optional<StreamUpdate>* f) { return f->has_value(); }, &final_));
     return *final_;
   }
+  // The final update, or nothing if none came within `timeout`.
+  std::optional<StreamUpdate> WaitFinalFor(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(
+        absl::Condition(
+            +[](std::optional<StreamUpdate>* f) { return f->has_value(); }, &final_),
+        timeout);
+    return final_;
+  }
   bool finished() {
     absl::MutexLock lock(&mu_);
     return final_.has_value();
