@@ -1,7 +1,11 @@
 // One line per event on stderr: "2026-11-29T16:50:01.123Z I message".
 // The level is set once, from a flag, in main().
+//
+// A message can never forge a line: control characters in it (a newline in
+// a client's request_id, say) are written escaped ("\n", "\x1b").
 #pragma once
 
+#include <string>
 #include <string_view>
 
 #include "absl/strings/str_format.h"
@@ -19,5 +23,17 @@ template <typename... Args>
 void LogF(LogLevel level, const absl::FormatSpec<Args...>& format, const Args&... args) {
   if (LogEnabled(level)) Log(level, absl::StrFormat(format, args...));
 }
+
+// For lines that clients can cause as often as they like (a malformed
+// request, gRPC's and protobuf's own complaints about one): at most
+// kLogBurst lines per `key` in any kLogWindowSeconds, after which the next
+// line written for that key says how many were suppressed. Keys are a small
+// fixed set (a call site), never client data.
+inline constexpr int kLogBurst = 5;
+inline constexpr int kLogWindowSeconds = 10;
+void LogRateLimited(std::string_view key, LogLevel level, std::string_view message);
+
+// `message` with every control character (and DEL) escaped.
+std::string EscapeForLog(std::string_view message);
 
 }  // namespace coalesce

@@ -51,13 +51,21 @@ struct HfTokenizer::Impl {
   std::vector<std::string> bytes;                    // [vocab_size]: TokenBytes after a token
   std::unordered_map<int32_t, std::string> first_bytes;  // where the first token differs
   bool decode_normalized_added_tokens = false;
+  // The most characters in one vocabulary piece (at least 1). BPE gives each
+  // character of a word at most one symbol, and a token made of k symbols
+  // has a piece of at least k characters (a merge concatenates its halves,
+  // each keeping its character; a byte-fallback token's piece "<0xXX>" has
+  // 6), so a word of n symbols needs at least n / max_piece_chars tokens.
+  size_t max_piece_chars = 1;
 
   // --- encoding ---
   bool IsWordChar(std::string_view text, size_t at) const;
   void SplitAdded(const hf::Piece& piece, const hf::TokenMatcher& matcher,
                   std::vector<hf::Item>& out) const;
   void PreTokenize(std::vector<hf::Piece>& pieces) const;
-  void Bpe(std::string_view word, std::vector<int32_t>& out) const;
+  // Appends the tokens of `word` to `out`; false, with `out` part-way, when
+  // `out` would end with more than `max_tokens`.
+  bool Bpe(std::string_view word, std::vector<int32_t>& out, size_t max_tokens) const;
   // --- decoding ---
   std::string DecodeToken(int32_t id, bool first) const;
 };
@@ -191,12 +199,13 @@ void HfTokenizer::Impl::PreTokenize(std::vector<hf::Piece>& pieces) const {
 }
 
 // HF's BPE::merge_word and Word::merge_all.
-void HfTokenizer::Impl::Bpe(std::string_view word, std::vector<int32_t>& out) const {
+bool HfTokenizer::Impl::Bpe(std::string_view word, std::vector<int32_t>& out,
+                            size_t max_tokens) const {
   const hf::BpeModel& m = spec.model;
   if (m.ignore_merges) {
     if (auto it = m.ids.find(word); it != m.ids.end()) {
       out.push_back(it->second);
-      return;
+      return out.size() <= max_tokens;
     }
   }
   // 1. One symbol per character, with byte fallback and unknown tokens.
@@ -231,6 +240,9 @@ void HfTokenizer::Impl::Bpe(std::string_view word, std::vector<int32_t>& out) co
     // Without an unknown token HF drops the character.
   }
   if (pending_unk >= 0) symbols.push_back(pending_unk);
+  if (out.size() + (symbols.size() + max_piece_chars - 1) / max_piece_chars > max_tokens) {
+    return false;  // too many for the tokens left, however they merge
+  }
 
   // 2. Merge the pair of lowest rank, leftmost on ties, until none is left.
   //    Entries go stale when either side merges; HF detects that by looking
@@ -238,7 +250,7 @@ void HfTokenizer::Impl::Bpe(std::string_view word, std::vector<int32_t>& out) co
   const int n = static_cast<int>(symbols.size());
   if (n < 2 || m.merges.empty()) {
     out.insert(out.end(), symbols.begin(), symbols.end());
-    return;
+    return out.size() <= max_tokens;
   }
   std::vector<int> prev(n), next(n);
   std::vector<bool> alive(n, true);
@@ -276,6 +288,7 @@ void HfTokenizer::Impl::Bpe(std::string_view word, std::vector<int32_t>& out) co
     consider(c.pos);
   }
   for (int i = 0; i >= 0; i = next[i]) out.push_back(symbols[i]);
+  return out.size() <= max_tokens;
 }
 
 // One token through the decoder chain, as HF's decoders treat it when it is
@@ -405,7 +418,17 @@ std::string HfTokenizer::TokenBytes(int32_t prev, int32_t token) const {
 }
 
 std::vector<int32_t> HfTokenizer::Encode(std::string_view text, bool add_special_tokens) const {
+  return *EncodeAtMost(text, add_special_tokens, SIZE_MAX);
+}
+
+std::optional<std::vector<int32_t>> HfTokenizer::EncodeAtMost(std::string_view text,
+                                                              bool add_special_tokens,
+                                                              size_t max_tokens) const {
   const Impl& t = *impl_;
+  // The template's tokens after the text count too.
+  const size_t suffix = add_special_tokens ? t.spec.suffix.size() : 0;
+  if (suffix > max_tokens) return std::nullopt;
+  const size_t budget = max_tokens - suffix;
   // HF takes only valid Unicode; invalid bytes become U+FFFD first.
   std::string sanitized = SanitizeUtf8(text);
 
@@ -437,9 +460,13 @@ std::vector<int32_t> HfTokenizer::Encode(std::string_view text, bool add_special
       pieces.clear();
       pieces.push_back(std::move(s.piece));
       t.PreTokenize(pieces);
-      for (const hf::Piece& piece : pieces) t.Bpe(piece.text, ids);
+      for (const hf::Piece& piece : pieces) {
+        if (!t.Bpe(piece.text, ids, budget)) return std::nullopt;
+      }
     }
+    if (ids.size() > budget) return std::nullopt;
   }
+  if (ids.size() > budget) return std::nullopt;
   // 5. The template.
   if (add_special_tokens) ids.insert(ids.end(), t.spec.suffix.begin(), t.spec.suffix.end());
   return ids;
@@ -467,6 +494,11 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> LoadFromJson(std::string_view json,
   if (!word_char.ok()) return word_char.status();
   impl->byte_level_regex = *std::move(byte_level);
   impl->word_char = *std::move(word_char);
+  for (const std::string& piece : s.model.pieces) {
+    size_t chars = 0;
+    for (size_t i = 0; i < piece.size(); i += hf::CharLength(piece[i])) ++chars;
+    impl->max_piece_chars = std::max(impl->max_piece_chars, chars);
+  }
 
   // HF matches special tokens first, then the others, each in file order.
   impl->added_index.assign(s.vocab_size, -1);

@@ -100,6 +100,11 @@ class HfTokenizer : public Tokenizer {
   int32_t bos_id() const override;
   std::span<const int32_t> eos_ids() const override;
   std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens) const override;
+  // Gives up before merging a word whose characters are more than the
+  // tokens left could hold (see Impl::max_piece_chars), or once the tokens
+  // made exceed max_tokens.
+  std::optional<std::vector<int32_t>> EncodeAtMost(std::string_view text, bool add_special_tokens,
+                                                   size_t max_tokens) const override;
   std::string TokenBytes(int32_t prev, int32_t token) const override;
 
   // The token's string in the file (vocabulary piece or added token content),

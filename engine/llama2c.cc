@@ -1,5 +1,6 @@
 #include "engine/llama2c.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -189,6 +190,11 @@ struct Llama2cTokenizer::Impl {
   std::unordered_map<std::string, int32_t, PieceHash, PieceEq> ids;
   int32_t space_id = -1;  // the dummy-prefix piece " "
   std::vector<int32_t> eos = {kBosId, kEosId};
+  // The longest piece, in bytes (at least 1). A token of the encoding
+  // stands for at most this many bytes of the text: a byte-fallback token
+  // for one byte of its 6-byte piece "<0xXX>", any other for its piece, and
+  // a merge for the bytes of its two halves.
+  size_t max_piece_bytes = 1;
 
   int32_t Lookup(std::string_view piece) const {
     auto it = ids.find(piece);
@@ -206,6 +212,7 @@ Llama2cTokenizer::Llama2cTokenizer(std::vector<std::string> pieces, std::vector<
   for (size_t i = 0; i < impl->pieces.size(); ++i) {
     impl->byte_value[i] = static_cast<int16_t>(BytePieceValue(impl->pieces[i]));
     impl->ids.emplace(impl->pieces[i], static_cast<int32_t>(i));  // keeps the first id
+    impl->max_piece_bytes = std::max(impl->max_piece_bytes, impl->pieces[i].size());
   }
   impl->space_id = impl->Lookup(" ");
   impl_ = std::move(impl);
@@ -230,6 +237,19 @@ std::string Llama2cTokenizer::TokenBytes(int32_t prev, int32_t token) const {
   // SentencePiece's dummy prefix: the first piece after BOS lost its space.
   if (prev == kBosId && !piece.empty() && piece[0] == ' ') piece.remove_prefix(1);
   return std::string(piece);
+}
+
+std::optional<std::vector<int32_t>> Llama2cTokenizer::EncodeAtMost(std::string_view text,
+                                                                   bool add_special_tokens,
+                                                                   size_t max_tokens) const {
+  // The text and its dummy-prefix space need at least this many tokens.
+  const size_t covered = text.empty() ? 0 : text.size() + 1;
+  const size_t least = (add_special_tokens ? 1 : 0) +
+                       (covered + impl_->max_piece_bytes - 1) / impl_->max_piece_bytes;
+  if (least > max_tokens) return std::nullopt;
+  std::vector<int32_t> ids = Encode(text, add_special_tokens);
+  if (ids.size() > max_tokens) return std::nullopt;
+  return ids;
 }
 
 std::vector<int32_t> Llama2cTokenizer::Encode(std::string_view text,

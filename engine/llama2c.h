@@ -31,6 +31,10 @@ class Llama2cTokenizer : public Tokenizer {
   // run.c stops on BOS; </s> (2) ends a sequence too.
   std::span<const int32_t> eos_ids() const override;
   std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens) const override;
+  // Refuses at once when the text has more bytes than max_tokens tokens of
+  // the longest piece could hold.
+  std::optional<std::vector<int32_t>> EncodeAtMost(std::string_view text, bool add_special_tokens,
+                                                   size_t max_tokens) const override;
   std::string TokenBytes(int32_t prev, int32_t token) const override;
 
   const std::string& piece(int32_t id) const;

@@ -5,6 +5,15 @@
 #include <string_view>
 
 namespace coalesce::engine {
+
+std::optional<std::vector<int32_t>> Tokenizer::EncodeAtMost(std::string_view text,
+                                                            bool add_special_tokens,
+                                                            size_t max_tokens) const {
+  std::vector<int32_t> ids = Encode(text, add_special_tokens);
+  if (ids.size() > max_tokens) return std::nullopt;
+  return ids;
+}
+
 namespace {
 
 constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD

@@ -3,7 +3,9 @@
 // true) encodes it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -22,6 +24,14 @@ class Tokenizer {
 
   // Encodes `text`; with `add_special_tokens` the BOS token comes first.
   virtual std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens) const = 0;
+
+  // Encode, for a caller that can use at most `max_tokens` tokens: nothing
+  // when the result would be longer, given up as soon as that is certain, so
+  // that a prompt that cannot fit the context is refused without being
+  // tokenized in full. The default encodes in full, then compares.
+  virtual std::optional<std::vector<int32_t>> EncodeAtMost(std::string_view text,
+                                                           bool add_special_tokens,
+                                                           size_t max_tokens) const;
 
   // The raw bytes `token` stands for when it follows `prev` (-1: none). May be
   // part of a UTF-8 character (byte-fallback tokens). Control tokens (BOS,

@@ -82,6 +82,9 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry, con
                           .Help("Requests refused or dropped before they ran, by reason "
                                 "(invalid, too_long, queue_full, queue_timeout)")
                           .Register(*registry_)),
+      stalled_streams_(NewCounter(*registry_, "coalesce_stalled_streams_total",
+                                  "Generate streams ended because their client read nothing "
+                                  "for --stream_stall_timeout (counted cancelled)")),
       preemptions_(NewCounter(*registry_, "coalesce_preemptions_total",
                               "Running sequences sent back to the queue for lack of KV blocks "
                               "(resumed later by recomputation)")),
@@ -220,11 +223,19 @@ void ServerMetrics::OnRejected(std::string_view reason) {
 
 void ServerMetrics::OnPreempted() { preemptions_.Increment(); }
 
+void ServerMetrics::OnStalledStream() { stalled_streams_.Increment(); }
+
 std::unique_ptr<MetricsEndpoint> MetricsEndpoint::Start(
     const std::string& address, std::shared_ptr<prometheus::Registry> registry,
     std::string* error) {
   try {
-    auto exposer = std::make_unique<prometheus::Exposer>(address);
+    // civetweb's defaults close the connection after each response, which
+    // drops the rest of a pipelined batch of requests unanswered; with
+    // keep-alive each is answered in turn. Idle or slow connections are
+    // bounded in time so that none holds one of the few threads for long.
+    auto exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", address, "num_threads", "4", "enable_keep_alive", "yes",
+        "keep_alive_timeout_ms", "5000", "request_timeout_ms", "10000"});
     exposer->RegisterCollectable(registry);
     return std::unique_ptr<MetricsEndpoint>(new MetricsEndpoint(std::move(exposer)));
   } catch (const std::exception& e) {

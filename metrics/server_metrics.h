@@ -46,6 +46,9 @@ class ServerMetrics : public batcher::LoopObserver {
   void OnRejected(std::string_view reason) override;
   void OnPreempted() override;
 
+  // A Generate stream ended because its client stopped reading.
+  void OnStalledStream();
+
   // A request that ended before the engine loop took it (validation,
   // draining, full queue), by lower-case status code name.
   void CountEndedBeforeEngine(std::string_view status);
@@ -67,6 +70,7 @@ class ServerMetrics : public batcher::LoopObserver {
   prometheus::Counter& prompt_tokens_;
   prometheus::Counter& generated_tokens_;
   prometheus::Family<prometheus::Counter>& rejected_total_;
+  prometheus::Counter& stalled_streams_;
   prometheus::Counter& preemptions_;
   prometheus::Family<prometheus::Histogram>& batch_tokens_;
   prometheus::Histogram& prefill_tokens_per_step_;

@@ -3,8 +3,11 @@
 #include <chrono>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/log.h"
 #include "service/generator_service.h"
+#include "service/request_parser.h"
 
 namespace coalesce::service {
 
@@ -40,8 +43,13 @@ v1::FinishReason ToProto(batcher::FinishReason reason) {
 }  // namespace
 
 GenerateReactor::GenerateReactor(grpc::CallbackServerContext* context, batcher::EngineLoop* loop,
-                                 std::string request_id)
-    : context_(context), loop_(loop), request_id_(std::move(request_id)) {}
+                                 Options options)
+    : context_(context), loop_(loop), options_(std::move(options)) {}
+
+bool GenerateReactor::cancelled() {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
 
 // Finish is never called under mu_, and nothing of the reactor is touched
 // after it: gRPC may run OnDone (which deletes the reactor) at once.
@@ -49,12 +57,17 @@ absl::Status GenerateReactor::Submit(batcher::GenerationRequest request) {
   absl::StatusOr<uint64_t> id;
   {
     // Held so that an update delivered before Submit returns waits until
-    // engine_id_ is set.
+    // engine_id_ is set, and so that a cancellation either comes first (and
+    // the request never reaches the engine) or finds engine_id_ set.
     absl::MutexLock lock(&mu_);
-    id = loop_->Submit(std::move(request), std::make_shared<Sink>(this));
-    if (id.ok()) {
-      engine_id_ = *id;
-      return absl::OkStatus();
+    if (cancelled_) {
+      id = absl::CancelledError("the client cancelled the request");
+    } else {
+      id = loop_->Submit(std::move(request), std::make_shared<Sink>(this));
+      if (id.ok()) {
+        engine_id_ = *id;
+        return absl::OkStatus();
+      }
     }
     finish_called_ = true;
   }
@@ -67,10 +80,13 @@ absl::Status GenerateReactor::Submit(batcher::GenerationRequest request) {
   return error;
 }
 
-void GenerateReactor::Reject(const absl::Status& status) {
+void GenerateReactor::Reject(const absl::Status& status, bool retry_pushback) {
   {
     absl::MutexLock lock(&mu_);
     finish_called_ = true;
+  }
+  if (retry_pushback) {
+    context_->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(kRetryPushbackMs));
   }
   Finish(ToGrpcStatus(status));
 }
@@ -98,11 +114,20 @@ void GenerateReactor::Deliver(batcher::StreamUpdate update) {
       }
     }
     action = NextActionLocked();
+    if (action == Action::kNone && write_in_flight_ && !engine_done_ && !stalled_ &&
+        absl::Now() - write_started_ > options_.stall_timeout) {
+      // The client has not taken the last message for stall_timeout while
+      // the engine goes on generating for it.
+      stalled_ = true;
+      action = Action::kEndStalled;
+    }
   }
   // With nothing to do, touch nothing: once the lock is released, a write in
   // flight can complete on a gRPC thread, which then writes the last message,
   // finishes the RPC, and gRPC deletes this reactor (OnDone). A write or a
-  // finish that this call started keeps the reactor alive until it is done.
+  // finish that this call started keeps the reactor alive until it is done,
+  // and so does a stalled stream: it cannot finish before the engine's final
+  // update, which only this (the engine's) thread delivers, later.
   if (action != Action::kNone) Perform(action);
 }
 
@@ -110,10 +135,11 @@ GenerateReactor::Action GenerateReactor::NextActionLocked() {
   if (write_in_flight_ || finish_called_) return Action::kNone;
   if (has_pending_ && !stream_broken_) {
     pending_.set_request_id(request_id_);
-    in_flight_.Swap(&pending_);
+    in_flight_ = SerializeMessage(pending_);
     pending_.Clear();
     has_pending_ = false;
     write_in_flight_ = true;
+    write_started_ = absl::Now();
     return Action::kWrite;
   }
   if (engine_done_) {
@@ -140,7 +166,38 @@ void GenerateReactor::Perform(Action action) {
       Finish(ToGrpcStatus(status));
       return;
     }
+    case Action::kEndStalled: {
+      absl::Status status;
+      {
+        absl::MutexLock lock(&mu_);
+        status = CancelStatusLocked();
+      }
+      LogRateLimited(
+          "stalled stream", LogLevel::kWarning,
+          absl::StrCat("request ", engine_id_, " (", request_id_, "): ended: ", status.message()));
+      if (options_.on_stall) options_.on_stall();
+      loop_->Cancel(engine_id_, status);
+      // Fails the write in flight, so the final update can finish the RPC.
+      context_->TryCancel();
+      return;
+    }
   }
+}
+
+absl::Status GenerateReactor::CancelStatusLocked() const {
+  if (stalled_) {
+    return absl::CancelledError(absl::StrCat("the client read nothing of its stream for ",
+                                             absl::FormatDuration(options_.stall_timeout),
+                                             " (--stream_stall_timeout)"));
+  }
+  // A client whose deadline expires cancels the call itself, and its cancel
+  // can reach us a little before our copy of the deadline (sent as a timeout
+  // when the call started) expires. Within this slack it counts as a deadline.
+  constexpr auto kDeadlineSlack = std::chrono::milliseconds(200);
+  if (context_->deadline() - kDeadlineSlack <= std::chrono::system_clock::now()) {
+    return absl::DeadlineExceededError("the request's deadline passed");
+  }
+  return absl::CancelledError("the client cancelled the request");
 }
 
 void GenerateReactor::OnWriteDone(bool ok) {
@@ -161,23 +218,21 @@ void GenerateReactor::OnWriteDone(bool ok) {
 
 void GenerateReactor::OnCancel() {
   uint64_t id;
+  absl::Status status;
   {
     absl::MutexLock lock(&mu_);
+    cancelled_ = true;
     if (engine_done_ || engine_id_ == 0) return;
     id = engine_id_;
+    status = CancelStatusLocked();
   }
-  // A client whose deadline expires cancels the call itself, and its cancel
-  // can reach us a little before our copy of the deadline (sent as a timeout
-  // when the call started) expires. Within this slack it counts as a deadline.
-  constexpr auto kDeadlineSlack = std::chrono::milliseconds(200);
-  const bool past_deadline =
-      context_->deadline() - kDeadlineSlack <= std::chrono::system_clock::now();
-  LogF(LogLevel::kDebug, "request %d (%s): %s", id, request_id_,
-       past_deadline ? "deadline passed" : "cancelled by the client");
-  loop_->Cancel(id, past_deadline ? absl::DeadlineExceededError("the request's deadline passed")
-                                  : absl::CancelledError("the client cancelled the request"));
+  LogF(LogLevel::kDebug, "request %d (%s): %s", id, request_id_, status.message());
+  loop_->Cancel(id, std::move(status));
 }
 
-void GenerateReactor::OnDone() { delete this; }
+void GenerateReactor::OnDone() {
+  if (options_.on_done) options_.on_done();
+  delete this;
+}
 
 }  // namespace coalesce::service

@@ -2,39 +2,55 @@
 // outbox from its own thread; the reactor writes them with exactly one write
 // in flight. Updates that arrive while a write is in flight are merged into
 // the next message, so a slow reader gets fewer, larger messages and never
-// slows the engine.
+// slows the engine. A reader that takes nothing for `stall_timeout` while
+// the engine still generates for it is ended: its slot and KV blocks go to
+// others (it would otherwise hold them until keepalive noticed, if ever).
 //
 // Lifetime: gRPC deletes the reactor in OnDone, which runs only after Finish.
-// Finish is called only after the engine's final update (or when Submit
-// failed, in which case the engine never calls us). The final update may
-// arrive while a write is in flight; then the write's completion, on a gRPC
-// thread, finishes the RPC, possibly before the engine's Deliver has
-// returned, so Deliver touches nothing after releasing the lock unless it
-// started a write or the finish itself.
+// Finish is called only after the engine's final update (or when the request
+// never reached the engine, through Reject or a failed Submit). The final
+// update may arrive while a write is in flight; then the write's completion,
+// on a gRPC thread, finishes the RPC, possibly before the engine's Deliver
+// has returned, so Deliver touches nothing after releasing the lock unless
+// it started a write or the finish itself.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "batcher/engine_loop.h"
 #include "batcher/request.h"
 #include "coalesce/v1/generator.grpc.pb.h"
 
 namespace coalesce::service {
 
-class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  GenerateReactor(grpc::CallbackServerContext* context, batcher::EngineLoop* loop,
-                  std::string request_id);
+  struct Options {
+    absl::Duration stall_timeout = absl::InfiniteDuration();  // see the top of this file
+    // Called when a stream is ended for not reading.
+    std::function<void()> on_stall;
+    // Called last, from OnDone.
+    std::function<void()> on_done;
+  };
+  GenerateReactor(grpc::CallbackServerContext* context, batcher::EngineLoop* loop, Options options);
+
+  // Sets the request_id echoed in every response; before Submit.
+  void set_request_id(std::string request_id) { request_id_ = std::move(request_id); }
+  // Whether the client has gone (the request need not be prepared further).
+  bool cancelled();
 
   // Hands the request to the engine loop, or finishes the RPC with the error
-  // and returns it.
+  // and returns it (CANCELLED if the client went away before).
   absl::Status Submit(batcher::GenerationRequest request);
-  // Finishes the RPC at once (a request rejected before submission).
-  void Reject(const absl::Status& status);
+  // Finishes the RPC at once (a request refused before submission).
+  // `retry_pushback` adds gRPC's retry pushback trailer (overload).
+  void Reject(const absl::Status& status, bool retry_pushback = false);
 
   // Called by the engine thread through the sink.
   void Deliver(batcher::StreamUpdate update);
@@ -46,26 +62,32 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  private:
   class Sink;
   // What to do after releasing the lock.
-  enum class Action { kNone, kWrite, kFinish };
+  enum class Action { kNone, kWrite, kFinish, kEndStalled };
   Action NextActionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Perform(Action action);
+  // The status the engine ends the request with when the client is gone.
+  absl::Status CancelStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   grpc::CallbackServerContext* const context_;
   batcher::EngineLoop* const loop_;
-  const std::string request_id_;
+  const Options options_;
+  std::string request_id_;  // set before any reaction can run
   uint64_t engine_id_ = 0;  // set before any reaction can run
 
   absl::Mutex mu_;
   v1::GenerateResponse pending_ ABSL_GUARDED_BY(mu_);  // not yet written
   bool has_pending_ ABSL_GUARDED_BY(mu_) = false;
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time write_started_ ABSL_GUARDED_BY(mu_);
   bool stream_broken_ ABSL_GUARDED_BY(mu_) = false;  // a write failed
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;      // OnCancel ran
+  bool stalled_ ABSL_GUARDED_BY(mu_) = false;        // ended for not reading
   bool engine_done_ ABSL_GUARDED_BY(mu_) = false;    // final update received
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status final_status_ ABSL_GUARDED_BY(mu_);
   // The message being written; only the thread that started the write (and
   // then OnWriteDone) touches it.
-  v1::GenerateResponse in_flight_;
+  grpc::ByteBuffer in_flight_;
 };
 
 }  // namespace coalesce::service

@@ -1,10 +1,14 @@
 #include "service/generator_service.h"
 
+#include <limits>
 #include <random>
+#include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "service/generate_reactor.h"
+#include "service/request_parser.h"
 
 namespace coalesce::service {
 
@@ -22,18 +26,36 @@ uint64_t RandomSeed() {
   thread_local std::mt19937_64 generator{std::random_device{}()};
   return generator();
 }
+
+// Requests this large (a prompt of some 16k tokens and more) take the work
+// pool's large lane, which never holds up small ones.
+bool IsLarge(const grpc::ByteBuffer& request) { return request.Length() > (64 << 10); }
+
+absl::Status PoolFull(int queued) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("the server is overloaded: ", queued,
+                   " requests are already waiting to be parsed and tokenized; retry after a "
+                   "short pause"));
+}
 }  // namespace
 
 GeneratorService::GeneratorService(batcher::EngineLoop* loop, const engine::Tokenizer* tokenizer,
-                                   const engine::Backend* backend, int max_batch_size,
+                                   const engine::Backend* backend, GeneratorServiceOptions options,
                                    metrics::ServerMetrics* metrics)
     : loop_(loop),
       tokenizer_(tokenizer),
       backend_(backend),
-      max_batch_size_(max_batch_size),
+      options_(options),
       metrics_(metrics),
       limits_{.vocab_size = backend->config().vocab_size,
-              .context_length = backend->config().max_seq_len} {}
+              .context_length = backend->config().max_seq_len},
+      pool_(options.work_threads, options.max_pending_work) {}
+
+bool GeneratorService::WaitForGenerateCalls(absl::Time deadline) {
+  absl::MutexLock lock(&calls_mu_);
+  return calls_mu_.AwaitWithDeadline(absl::Condition(this, &GeneratorService::NoGenerateCalls),
+                                     deadline);
+}
 
 absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
     const grpc::CallbackServerContext& context, const v1::GenerateRequest& request,
@@ -47,7 +69,26 @@ absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
   }
   out.request_id = request.request_id();
   if (!request.prompt().empty()) {
-    out.prompt = tokenizer_->Encode(request.prompt(), /*add_special_tokens=*/true);
+    // Tokenized only as far as the context can hold: a longer prompt is
+    // refused without being tokenized in full.
+    const int room = limits_.context_length - request.max_new_tokens();
+    std::optional<std::vector<int32_t>> ids = tokenizer_->EncodeAtMost(
+        request.prompt(), /*add_special_tokens=*/true, static_cast<size_t>(std::max(room, 0)));
+    if (!ids.has_value()) {
+      // A short prompt is counted exactly for the message; a long one only
+      // as far as it had to be.
+      constexpr size_t kCountUpTo = 64 << 10;  // bytes of text
+      *rejection = "too_long";
+      if (request.prompt().size() > kCountUpTo) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the prompt (", request.prompt().size(), " bytes: more than ", room,
+                         " tokens) plus max_new_tokens (", request.max_new_tokens(),
+                         ") exceeds the context length of ", limits_.context_length, " tokens"));
+      }
+      out.prompt = tokenizer_->Encode(request.prompt(), /*add_special_tokens=*/true);
+    } else {
+      out.prompt = *std::move(ids);
+    }
   } else {
     out.prompt.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
   }
@@ -68,67 +109,140 @@ absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
   return out;
 }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* GeneratorService::Generate(
-    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  auto* reactor = new GenerateReactor(context, loop_, request->request_id());
-  std::string_view rejection;
-  absl::StatusOr<batcher::GenerationRequest> prepared = Prepare(*context, *request, &rejection);
-  absl::Status status = prepared.status();
+grpc::ServerWriteReactor<grpc::ByteBuffer>* GeneratorService::Generate(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  {
+    absl::MutexLock lock(&calls_mu_);
+    ++generate_calls_;
+  }
+  GenerateReactor::Options reactor_options;
+  reactor_options.stall_timeout = options_.stream_stall_timeout;
+  reactor_options.on_stall = [this] {
+    if (metrics_ != nullptr) metrics_->OnStalledStream();
+  };
+  reactor_options.on_done = [this] {
+    absl::MutexLock lock(&calls_mu_);
+    --generate_calls_;
+  };
+  auto* reactor = new GenerateReactor(context, loop_, std::move(reactor_options));
+  // gRPC keeps the request and the context until the call is finished,
+  // which only the job (or a refusal here) does.
+  if (!pool_.TryPost(
+          [this, reactor, context, request] { PrepareAndSubmit(reactor, *context, *request); },
+          IsLarge(*request))) {
+    if (metrics_ != nullptr) {
+      metrics_->OnRejected("queue_full");
+      metrics_->CountEndedBeforeEngine("resource_exhausted");
+    }
+    reactor->Reject(PoolFull(options_.max_pending_work), /*retry_pushback=*/true);
+  }
+  return reactor;
+}
+
+void GeneratorService::PrepareAndSubmit(GenerateReactor* reactor,
+                                        const grpc::CallbackServerContext& context,
+                                        const grpc::ByteBuffer& raw) {
+  absl::Status status;
+  std::string_view rejection = "invalid";
+  absl::StatusOr<batcher::GenerationRequest> prepared;
+  v1::GenerateRequest request;
+  if (reactor->cancelled()) {
+    status = absl::CancelledError("the client cancelled the request");
+  } else if (status = ParseRequest(raw, &request); status.ok()) {
+    reactor->set_request_id(request.request_id());
+    prepared = Prepare(context, request, &rejection);
+    status = prepared.status();
+  }
   if (status.ok()) {
     // Finishes the RPC on error; the engine loop counts its own rejections.
     status = reactor->Submit(*std::move(prepared));
   } else {
     reactor->Reject(status);
-    if (metrics_ != nullptr) metrics_->OnRejected(rejection);
+    if (metrics_ != nullptr && status.code() == absl::StatusCode::kInvalidArgument) {
+      metrics_->OnRejected(rejection);
+    }
   }
   if (!status.ok() && metrics_ != nullptr) metrics_->CountEndedBeforeEngine(StatusName(status));
-  return reactor;
+}
+
+void GeneratorService::PostUnary(grpc::ServerUnaryReactor* reactor,
+                                 grpc::CallbackServerContext* context,
+                                 const grpc::ByteBuffer& request, std::function<void()> job) {
+  if (!pool_.TryPost(std::move(job), IsLarge(request))) {
+    context->AddTrailingMetadata("grpc-retry-pushback-ms", "1000");
+    reactor->Finish(ToGrpcStatus(PoolFull(options_.max_pending_work)));
+  }
 }
 
 grpc::ServerUnaryReactor* GeneratorService::GetModelInfo(grpc::CallbackServerContext* context,
-                                                         const v1::GetModelInfoRequest*,
-                                                         v1::ModelInfo* response) {
-  const engine::ModelConfig& config = backend_->config();
-  response->set_name(config.name);
-  response->set_path(config.source);
-  response->set_architecture(config.architecture);
-  response->set_vocab_size(config.vocab_size);
-  response->set_context_length(config.max_seq_len);
-  response->set_backend(std::string(backend_->name()));
-  response->set_synthetic(config.synthetic);
-  response->set_num_parameters(config.num_parameters());
-  response->set_num_layers(config.n_layers);
-  response->set_hidden_size(config.dim);
-  response->set_num_attention_heads(config.n_heads);
-  response->set_num_key_value_heads(config.n_kv_heads);
-  for (int32_t id : tokenizer_->eos_ids()) response->add_eos_token_ids(id);
-  response->set_bos_token_id(tokenizer_->bos_id());
-  response->set_max_batch_size(max_batch_size_);
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
   auto* reactor = context->DefaultReactor();
+  v1::GetModelInfoRequest parsed;
+  if (absl::Status s = ParseRequest(*request, &parsed); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+  const engine::ModelConfig& config = backend_->config();
+  v1::ModelInfo info;
+  info.set_name(config.name);
+  info.set_path(config.source);
+  info.set_architecture(config.architecture);
+  info.set_vocab_size(config.vocab_size);
+  info.set_context_length(config.max_seq_len);
+  info.set_backend(std::string(backend_->name()));
+  info.set_synthetic(config.synthetic);
+  info.set_num_parameters(config.num_parameters());
+  info.set_num_layers(config.n_layers);
+  info.set_hidden_size(config.dim);
+  info.set_num_attention_heads(config.n_heads);
+  info.set_num_key_value_heads(config.n_kv_heads);
+  for (int32_t id : tokenizer_->eos_ids()) info.add_eos_token_ids(id);
+  info.set_bos_token_id(tokenizer_->bos_id());
+  info.set_max_batch_size(options_.max_batch_size);
+  *response = SerializeMessage(info);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* GeneratorService::Tokenize(grpc::CallbackServerContext* context,
-                                                     const v1::TokenizeRequest* request,
-                                                     v1::TokenizeResponse* response) {
-  for (int32_t id : tokenizer_->Encode(request->text(), request->add_special_tokens())) {
-    response->add_token_ids(id);
-  }
+                                                     const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
   auto* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
+  PostUnary(reactor, context, *request, [this, reactor, request, response] {
+    v1::TokenizeRequest parsed;
+    absl::Status status = ParseRequest(*request, &parsed);
+    if (status.ok()) {
+      v1::TokenizeResponse out;
+      for (int32_t id : tokenizer_->Encode(parsed.text(), parsed.add_special_tokens())) {
+        out.add_token_ids(id);
+      }
+      *response = SerializeMessage(out);
+    }
+    reactor->Finish(ToGrpcStatus(status));
+  });
   return reactor;
 }
 
 grpc::ServerUnaryReactor* GeneratorService::Detokenize(grpc::CallbackServerContext* context,
-                                                       const v1::DetokenizeRequest* request,
-                                                       v1::DetokenizeResponse* response) {
-  const auto& ids = request->token_ids();
-  const std::span<const int32_t> span(ids.data(), static_cast<size_t>(ids.size()));
-  absl::Status status = ValidateTokenIds(span, limits_.vocab_size, "token_ids");
-  if (status.ok()) response->set_text(engine::Decode(*tokenizer_, span));
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
   auto* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
+  PostUnary(reactor, context, *request, [this, reactor, request, response] {
+    v1::DetokenizeRequest parsed;
+    absl::Status status = ParseRequest(*request, &parsed);
+    if (status.ok()) {
+      const auto& ids = parsed.token_ids();
+      const std::span<const int32_t> span(ids.data(), static_cast<size_t>(ids.size()));
+      status = ValidateTokenIds(span, limits_.vocab_size, "token_ids");
+      if (status.ok()) {
+        v1::DetokenizeResponse out;
+        out.set_text(engine::Decode(*tokenizer_, span));
+        *response = SerializeMessage(out);
+      }
+    }
+    reactor->Finish(ToGrpcStatus(status));
+  });
   return reactor;
 }
 

@@ -1,53 +1,97 @@
-// The coalesce.v1.Generator service on gRPC's callback API. It validates and
-// tokenizes requests, submits them to the engine loop, and streams each
-// request's output through its own reactor: the engine appends to the
-// reactor's outbox and never waits for the network.
+// The coalesce.v1.Generator service on gRPC's callback API. Its methods take
+// their requests as raw bytes (service/request_parser.h says why) and hand
+// the work that can take long, parsing and tokenizing, to a WorkPool, so
+// gRPC's threads only ever route messages. A prepared request goes to the
+// engine loop, and each request's output streams through its own reactor:
+// the engine appends to the reactor's outbox and never waits for the network.
 #pragma once
 
 #include <atomic>
 #include <string>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "batcher/engine_loop.h"
 #include "coalesce/v1/generator.grpc.pb.h"
 #include "engine/backend.h"
 #include "engine/tokenizer.h"
 #include "metrics/server_metrics.h"
 #include "service/validation.h"
+#include "service/work_pool.h"
 
 namespace coalesce::service {
 
-class GeneratorService final : public v1::Generator::CallbackService {
+class GenerateReactor;
+
+struct GeneratorServiceOptions {
+  int max_batch_size = 16;  // reported by GetModelInfo
+  // Threads that parse and tokenize requests, and how many requests may
+  // wait for them before more are refused (RESOURCE_EXHAUSTED).
+  int work_threads = 2;
+  int max_pending_work = 1024;
+  // A Generate stream whose client reads nothing for this long, while the
+  // engine still generates for it, is ended (see GenerateReactor).
+  absl::Duration stream_stall_timeout = absl::InfiniteDuration();
+};
+
+using RawGeneratorService = v1::Generator::WithRawCallbackMethod_Generate<
+    v1::Generator::WithRawCallbackMethod_GetModelInfo<v1::Generator::WithRawCallbackMethod_Tokenize<
+        v1::Generator::WithRawCallbackMethod_Detokenize<v1::Generator::Service>>>>;
+
+class GeneratorService final : public RawGeneratorService {
  public:
   // Everything passed in must outlive the service. `metrics` may be null.
   GeneratorService(batcher::EngineLoop* loop, const engine::Tokenizer* tokenizer,
-                   const engine::Backend* backend, int max_batch_size,
+                   const engine::Backend* backend, GeneratorServiceOptions options,
                    metrics::ServerMetrics* metrics);
 
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
-                                         const v1::GetModelInfoRequest* request,
-                                         v1::ModelInfo* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
-                                     const v1::TokenizeRequest* request,
-                                     v1::TokenizeResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* context,
-                                       const v1::DetokenizeRequest* request,
-                                       v1::DetokenizeResponse* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
+
+  // Waits until no Generate call is in progress, or until `deadline`;
+  // returns whether none is.
+  bool WaitForGenerateCalls(absl::Time deadline);
 
  private:
+  // Parses, validates and tokenizes a Generate request and submits it; on
+  // the work pool.
+  void PrepareAndSubmit(GenerateReactor* reactor, const grpc::CallbackServerContext& context,
+                        const grpc::ByteBuffer& raw);
   // Turns a valid request into the engine's form, or says why it is invalid.
   // `rejection` names the reason for the rejection metric on error.
   absl::StatusOr<batcher::GenerationRequest> Prepare(const grpc::CallbackServerContext& context,
                                                      const v1::GenerateRequest& request,
                                                      std::string_view* rejection) const;
+  // Runs `job` on the work pool, or finishes the unary call with
+  // RESOURCE_EXHAUSTED when the pool is full.
+  void PostUnary(grpc::ServerUnaryReactor* reactor, grpc::CallbackServerContext* context,
+                 const grpc::ByteBuffer& request, std::function<void()> job);
+  bool NoGenerateCalls() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_) {
+    return generate_calls_ == 0;
+  }
 
   batcher::EngineLoop* const loop_;
   const engine::Tokenizer* const tokenizer_;
   const engine::Backend* const backend_;
-  const int max_batch_size_;
+  const GeneratorServiceOptions options_;
   metrics::ServerMetrics* const metrics_;
   const RequestLimits limits_;
+
+  absl::Mutex calls_mu_;
+  int generate_calls_ ABSL_GUARDED_BY(calls_mu_) = 0;  // started, not yet done
+
+  // Last: destroyed first, running what is queued while the rest still
+  // lives (gRPC has finished every call by then, so nothing is queued).
+  WorkPool pool_;
 };
 
 // absl::Status -> grpc::Status (the codes are the same numbers).

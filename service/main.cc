@@ -25,6 +25,9 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "service/backend_factory.h"
 #include "service/generator_service.h"
+#include "service/health_service.h"
+#include "service/library_logs.h"
+#include "service/listen_check.h"
 #include "service/model_loader.h"
 #include "service/server_options.h"
 #include "service/shutdown.h"
@@ -87,8 +90,17 @@ ABSL_FLAG(std::string, fault_injection, "",
           "engine step after the first N fail as a lost GPU does, to test the "
           "device-loss path (NOT_SERVING, exit code 3) without a GPU.");
 ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(30),
-          "On SIGTERM/SIGINT, how long running streams may take to finish before "
-          "they are cancelled.");
+          "On SIGTERM/SIGINT, how long running streams may take to finish. Those still "
+          "running then end with their final message (finish_reason CANCELLED, with usage), "
+          "and the server exits once that is sent (at most 2 s later).");
+ABSL_FLAG(absl::Duration, stream_stall_timeout, absl::Seconds(10),
+          "A Generate stream whose client reads nothing for this long, while the engine "
+          "still generates for it, is ended (CANCELLED) and its batch slot and KV blocks "
+          "freed. 'inf' never.");
+ABSL_FLAG(int, work_threads, 2,
+          "Threads that parse and tokenize requests, off gRPC's own threads so that a "
+          "long prompt delays only its own call (at least 2: large requests, over 64 KiB, "
+          "never take the last one, which small ones can always use).");
 ABSL_FLAG(absl::Duration, max_connection_age, absl::Minutes(5),
           "Close each client connection (with GOAWAY) after about this long, so that "
           "long-lived client channels spread onto new replicas. 'inf' never.");
@@ -171,6 +183,14 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   o.kv_cache_memory = absl::GetFlag(FLAGS_kv_cache_memory);
   if (absl::Status s = service::ParseKvCacheMemory(o.kv_cache_memory).status(); !s.ok()) return s;
   o.grace_period = absl::GetFlag(FLAGS_grace_period);
+  o.stream_stall_timeout = absl::GetFlag(FLAGS_stream_stall_timeout);
+  if (o.stream_stall_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--stream_stall_timeout must be positive (or inf)");
+  }
+  o.work_threads = absl::GetFlag(FLAGS_work_threads);
+  if (o.work_threads < 2 || o.work_threads > 64) {
+    return absl::InvalidArgumentError("--work_threads must be in [2, 64]");
+  }
   o.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
   o.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
   o.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);
@@ -299,16 +319,33 @@ int Serve(const ServerOptions& options) {
   batcher::EngineLoop loop(backend->get(), loaded->tokenizer.get(), loop_options, RealClock(),
                            &watcher);
   loop.Start();
-  service::GeneratorService service(&loop, loaded->tokenizer.get(), backend->get(),
-                                    options.scheduler.max_batch_size, &server_metrics);
+  service::GeneratorServiceOptions service_options;
+  service_options.max_batch_size = options.scheduler.max_batch_size;
+  service_options.work_threads = options.work_threads > 0 ? options.work_threads : 2;
+  service_options.max_pending_work = options.max_queue;
+  service_options.stream_stall_timeout = options.stream_stall_timeout;
+  service::GeneratorService service(&loop, loaded->tokenizer.get(), backend->get(), service_options,
+                                    &server_metrics);
+  // Our own health service (service/health_service.h says why), for the
+  // server ("") and the Generator.
+  service::HealthService health({std::string(v1::Generator::service_full_name())});
 
-  grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int grpc_port = 0;
   builder.AddListeningPort(absl::StrCat(options.host, ":", options.port),
                            grpc::InsecureServerCredentials(), &grpc_port);
+  // A port another process listens on is a start-up error: with
+  // SO_REUSEPORT (gRPC's default) a second server would share it, and new
+  // connections would be split between two servers, perhaps of two models.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(options.max_request_bytes);
+  // Compressed requests are refused (UNIMPLEMENTED, before any message is
+  // read): gRPC checks --max_request_bytes against the compressed size and
+  // then inflates without bound, so 1 MB of gzip became 1 GiB in memory.
+  // Requests are small (a prompt); responses are never compressed either.
+  builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_DEFLATE, false);
+  builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_GZIP, false);
   // Connection ageing: a GOAWAY after max_connection_age makes clients
   // reconnect (and re-resolve, so new replicas get traffic); running streams
   // get the grace period to finish first.
@@ -325,12 +362,15 @@ int Serve(const ServerOptions& options) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.RegisterService(&service);
+  builder.RegisterService(&health);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || grpc_port == 0) {
-    Log(LogLevel::kError, absl::StrCat("cannot listen on ", options.host, ":", options.port));
+    const std::string why = service::ListenError(options.host, options.port);
+    Log(LogLevel::kError, absl::StrCat("cannot listen on ", options.host, ":", options.port,
+                                       why.empty() ? "" : ": ", why));
     return 1;
   }
-  server->GetHealthCheckService()->SetServingStatus(true);
+  health.SetServing(true);
   LogF(LogLevel::kInfo,
        "serving %s on %s:%d (metrics port %d), backend %s, max_batch_size %d, "
        "batch_window %s, batching %s, overlap_steps %s",
@@ -341,10 +381,11 @@ int Serve(const ServerOptions& options) {
 
   // 4. Wait for a reason to stop: SIGINT/SIGTERM (taken by a thread of its
   //    own) or a lost device (the watcher, on the engine thread). Then drain:
-  //    NOT_SERVING on health, refuse new streams, let running ones finish
-  //    within the grace period (after a lost device the loop has already
-  //    failed them all, so a short drain only sends their final status),
-  //    then cancel what is left.
+  //    NOT_SERVING on health (which also ends the Watch streams), refuse new
+  //    calls, let running generations finish within the grace period (after
+  //    a lost device the loop has already failed them all, so a short drain
+  //    only sends their final status), end those still running with their
+  //    final message, and cancel what is left once that had time to go out.
   std::thread signal_thread([&shutdown] {
     const sigset_t signals = ShutdownSignals();
     int signal_number = 0;
@@ -358,16 +399,24 @@ int Serve(const ServerOptions& options) {
                                    : options.grace_period;
   LogF(device_lost ? LogLevel::kError : LogLevel::kInfo, "%s: draining for at most %s", reason.why,
        absl::FormatDuration(drain));
+  const absl::Time drain_end = absl::Now() + drain;
+  health.Shutdown();
   // Shutdown sends GOAWAY at once: clients stop sending new calls here, while
-  // the streams already running go on. A call already on its way never
+  // the calls already running go on. It returns when every call has ended,
+  // or cancels those left at its deadline. A call already on its way never
   // reaches the service: the client gets UNAVAILABLE when the transport
   // refuses it, but CANCELLED when gRPC had accepted it and not yet handed it
-  // to the service (gRPC cancels those on Shutdown, grpc/grpc#41785). Every
-  // call the service did get has its final status from the loop (after a
-  // lost device, before this point) or finishes within the drain.
-  server->GetHealthCheckService()->SetServingStatus(false);
-  server->Shutdown(absl::ToChronoTime(absl::Now() + drain));
+  // to the service (gRPC cancels those on Shutdown, grpc/grpc#41785).
+  std::thread grpc_shutdown(
+      [&] { server->Shutdown(absl::ToChronoTime(drain_end + service::kFinalMessageTime)); });
+  if (!service.WaitForGenerateCalls(drain_end)) {
+    Log(LogLevel::kInfo,
+        "grace period over: ending the generations still running with finish_reason "
+        "CANCELLED");
+  }
+  // Ends whatever still runs or waits with its final message.
   loop.Stop();
+  grpc_shutdown.join();
   server->Wait();
   // After a lost device the signal thread still waits: wake it to end it.
   if (device_lost) pthread_kill(signal_thread.native_handle(), SIGTERM);
@@ -396,6 +445,7 @@ int main(int argc, char** argv) {
   usage.contains_helpshort_flags = usage.contains_help_flags;
   absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
+  coalesce::service::RouteLibraryLogs();
   absl::StatusOr<coalesce::service::ServerOptions> options = coalesce::OptionsFromFlags();
   if (!options.ok()) {
     coalesce::Log(coalesce::LogLevel::kError, std::string(options.status().message()));

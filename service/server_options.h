@@ -46,6 +46,10 @@ struct ServerOptions {
   absl::Duration keepalive_time = absl::Seconds(30);
   absl::Duration keepalive_timeout = absl::Seconds(10);
   bool log_steps = false;
+  // Threads that parse and tokenize requests (at least 2).
+  int work_threads = 2;
+  // A Generate stream whose client reads nothing for this long is ended.
+  absl::Duration stream_stall_timeout = absl::Seconds(10);
   // --overlap_steps: nullopt (auto) overlaps except on the null backend.
   std::optional<bool> overlap_steps;
 };

@@ -21,6 +21,10 @@ inline constexpr int kExitDeviceLost = 3;
 // The drain after a lost device, at most (and at most --grace_period): the
 // failed streams only need to send their final status.
 inline constexpr absl::Duration kDeviceLostDrain = absl::Seconds(5);
+// After the drain, how long the generations it ended have to send their
+// final message (finish_reason CANCELLED, with usage) before gRPC cancels
+// what is left (a client that does not read).
+inline constexpr absl::Duration kFinalMessageTime = absl::Seconds(2);
 
 struct ShutdownReason {
   int exit_code = 0;

@@ -27,6 +27,9 @@ packages=(
   clang libclang-rt-14-dev
   # the Python gRPC client used by the end-to-end tests
   python3 python3-grpcio python3-grpc-tools python3-protobuf python3-pytest
+  # a raw HTTP/2 client for the hostile-traffic tests (a client that never
+  # reads, frames gRPC would not send)
+  python3-h2
   # the reference for the Hugging Face parity test: Debian's torch (1.13.1),
   # with transformers from PyPI in a venv that sees it (tools/make-venv.sh)
   python3-torch python3-venv

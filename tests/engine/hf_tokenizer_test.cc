@@ -11,6 +11,8 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -205,6 +207,38 @@ TEST(HfTokenizerTest, StreamingEqualsDecode) {
         // decodes it (Decode == HF is checked by test_tokenizer_parity.py).
         if (k == 1 && tok->bos_id() >= 0) {
           EXPECT_EQ(streamed, Decode(*tok, all)) << folder << c.text;
+        }
+      }
+    }
+  }
+}
+
+TEST(HfTokenizerTest, EncodeAtMostIsEncodeWhenItFitsAndNothingOtherwise) {
+  // Both kinds of BPE: SentencePiece-style (one word per text) and
+  // byte-level (a word per pre-tokenized piece), with added tokens.
+  for (const char* folder : {"stories260K-hf", "tinyllama-tokenizer", "gpt2-tokenizer"}) {
+    auto tok = Load(folder);
+    ASSERT_NE(tok, nullptr);
+    std::mt19937 rng(9);
+    for (int trial = 0; trial < 200; ++trial) {
+      std::string text;
+      const int words = static_cast<int>(rng() % 12);
+      for (int i = 0; i < words; ++i) {
+        static const char* kWords[] = {
+            "Once",          " upon", " a",  "  time", "\n", "</s>", "\xC3\xA9t\xC3\xA9",
+            "<|endoftext|>", "!!",    " 123"};
+        text += kWords[rng() % 10];
+      }
+      const bool special = rng() % 2 == 0;
+      const std::vector<int32_t> full = tok->Encode(text, special);
+      for (size_t limit :
+           {size_t{0}, full.size() - (full.empty() ? 0 : 1), full.size(), full.size() + 1}) {
+        const std::optional<std::vector<int32_t>> got = tok->EncodeAtMost(text, special, limit);
+        if (full.size() <= limit) {
+          ASSERT_TRUE(got.has_value()) << folder << " trial " << trial << " limit " << limit;
+          ASSERT_EQ(*got, full);
+        } else {
+          ASSERT_FALSE(got.has_value()) << folder << " trial " << trial << " limit " << limit;
         }
       }
     }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -168,6 +169,31 @@ TEST(Llama2cTokenizerTest, RoundTripsArbitraryBytes) {
     for (size_t i = 0; i < ids.size(); ++i) bytes += tok->TokenBytes(i ? ids[i - 1] : -1, ids[i]);
     ASSERT_EQ(bytes, text) << "trial " << trial;
     ASSERT_EQ(Decode(*tok, ids), SanitizeUtf8(text));
+  }
+}
+
+TEST(Llama2cTokenizerTest, EncodeAtMostIsEncodeWhenItFitsAndNothingOtherwise) {
+  auto tok = LoadTok512();
+  ASSERT_NE(tok, nullptr);
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::string text;
+    const int len = static_cast<int>(rng() % 60);
+    for (int i = 0; i < len; ++i) {
+      text += rng() % 5 == 0 ? static_cast<char>(rng() % 256) : "Once upon a time."[rng() % 17];
+    }
+    const bool bos = rng() % 2 == 0;
+    const std::vector<int32_t> full = tok->Encode(text, bos);
+    for (size_t limit : {size_t{0}, full.size() - (full.empty() ? 0 : 1), full.size(),
+                         full.size() + 1, full.size() * 3}) {
+      const std::optional<std::vector<int32_t>> got = tok->EncodeAtMost(text, bos, limit);
+      if (full.size() <= limit) {
+        ASSERT_TRUE(got.has_value()) << "trial " << trial << " limit " << limit;
+        ASSERT_EQ(*got, full);
+      } else {
+        ASSERT_FALSE(got.has_value()) << "trial " << trial << " limit " << limit;
+      }
+    }
   }
 }
 

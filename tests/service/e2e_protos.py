@@ -22,20 +22,6 @@ import types
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-HEALTH_PROTO = """
-syntax = "proto3";
-package grpc.health.v1;
-message HealthCheckRequest { string service = 1; }
-message HealthCheckResponse {
-  enum ServingStatus { UNKNOWN = 0; SERVING = 1; NOT_SERVING = 2; SERVICE_UNKNOWN = 3; }
-  ServingStatus status = 1;
-}
-service Health {
-  rpc Check(HealthCheckRequest) returns (HealthCheckResponse);
-  rpc Watch(HealthCheckRequest) returns (stream HealthCheckResponse);
-}
-"""
-
 # The subset of grpc/reflection/v1alpha/reflection.proto that list_services
 # needs (field numbers as upstream; unknown fields are skipped on parse).
 REFLECTION_PROTO = """
@@ -85,11 +71,11 @@ def _protoc(include_dirs, out, protos):
 
 
 def compile_descriptors(out):
-    """Writes the FileDescriptorSet of coalesce.v1 and of the health and
-    reflection subsets above to `out`."""
+    """Writes the FileDescriptorSet of coalesce.v1, of the health protocol the
+    server serves (both from proto/) and of the reflection subset above to
+    `out`."""
     with tempfile.TemporaryDirectory(prefix="coalesce-e2e-protos-") as extra:
-        for rel, text in (("grpc/health/v1/health.proto", HEALTH_PROTO),
-                          ("grpc/reflection/v1alpha/reflection.proto", REFLECTION_PROTO)):
+        for rel, text in (("grpc/reflection/v1alpha/reflection.proto", REFLECTION_PROTO),):
             path = os.path.join(extra, rel)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w") as f:
