@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import grpc
@@ -22,6 +21,7 @@ import pytest
 
 from e2e_support import (MODELS, SERVER, _die_with_parent, run_concurrently, start_server,
                          wait_for, wait_idle)
+from h2_client import StalledClient
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -470,54 +470,6 @@ def test_a_request_id_cannot_forge_log_lines(pb):
         wait_idle(c)
     finally:
         stop(server, c)
-
-
-class StalledClient:
-    """A Generate call over raw HTTP/2 whose client announces a 16-byte
-    receive window and never opens it again: the server can send it almost
-    nothing. It answers pings, as a live but stuck process's kernel and
-    HTTP/2 stack would until keepalive gave up."""
-
-    def __init__(self, address, payload):
-        import h2.config
-        import h2.connection
-        import h2.settings
-        host, port = address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)))
-        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-        self.conn.initiate_connection()
-        self.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 16})
-        sid = self.conn.get_next_available_stream_id()
-        self.conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"),
-                                     (":path", "/coalesce.v1.Generator/Generate"),
-                                     (":authority", address), ("content-type", "application/grpc"),
-                                     ("te", "trailers")])
-        self.conn.send_data(sid, b"\x00" + len(payload).to_bytes(4, "big") + payload,
-                            end_stream=True)
-        self.sock.sendall(self.conn.data_to_send())
-        self.reset = threading.Event()
-        self.closed = False
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self):
-        import h2.events
-        while not self.closed:
-            try:
-                data = self.sock.recv(65536)
-            except OSError:
-                return
-            if not data:
-                return
-            for event in self.conn.receive_data(data):
-                if isinstance(event, (h2.events.StreamReset, h2.events.StreamEnded)):
-                    self.reset.set()
-            # Settings and ping acknowledgements, never a WINDOW_UPDATE.
-            self.sock.sendall(self.conn.data_to_send())
-
-    def close(self):
-        self.closed = True
-        self.sock.close()
 
 
 def test_a_client_that_stops_reading_loses_its_slot(pb):

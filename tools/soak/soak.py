@@ -1,0 +1,408 @@
+#!/usr/bin/env python3
+"""coalesce-soak: mixed, partly hostile load against a real coalesce-server for
+a given time, then checks that the server came through it whole.
+
+    tools/soak/soak.py --seconds=1800            # after tools/build.sh
+    tools/soak/soak.py --seconds=60 --json=out.json
+
+It starts the server (stories260K from ../shared/models, a KV cache far too
+small for the load so that preemption never stops, a short stall timeout) and
+keeps WORKERS client threads busy with a random mix of:
+
+  exact       greedy and seeded sampled generations, each checked token for
+              token against the same request run alone at the start;
+  cancel      streams cancelled by the client after a few messages;
+  deadline    calls with deadlines of 50 ms to 1 s (finished ones are exact);
+  invalid     bad arguments, a prompt too long for the context, garbage bytes,
+              invalid UTF-8, gzip-compressed requests: each must get its own
+              error code at once;
+  misc        Tokenize, Detokenize, GetModelInfo, Health;
+  stall       now and then a raw HTTP/2 client (python3-h2) that stops
+              reading mid-stream, whose slot the server must take back.
+
+Every few seconds it samples the server's memory (VmRSS) and open file
+descriptors. At the end it requires: no unexpected outcome and no output that
+differs from its reference; the server back to idle (nothing running or
+waiting, no KV block in use); memory and descriptors on a plateau (the last
+quarter of the run at most 10% + 8 MiB and 8 descriptors above the second
+quarter); and a clean exit on SIGTERM. Exit status 0 when all of that holds.
+
+Needs Debian's python3 with python3-grpcio, python3-protobuf and python3-h2
+(tools/install-deps.sh), and protoc; the messages come from
+tests/service/e2e_protos.py (a descriptor set, no generated code).
+"""
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+import grpc
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "tests", "service"))
+from e2e_protos import compile_descriptors, load_stubs  # noqa: E402
+
+MODELS = os.path.join(REPO, "..", "shared", "models")
+PROMPTS = ["Once upon a time", "The little dog", "Tim and Sam", "The sun was hot",
+           "Lily had a red ball", "One day, a bird", "Mom said", "The big tree"]
+KINDS = {"exact": 45, "cancel": 15, "deadline": 15, "invalid": 15, "misc": 10}
+
+
+def field(number, payload):
+    return bytes([number << 3 | 2, len(payload)]) + payload
+
+
+class Soak:
+    def __init__(self, args, pb):
+        self.args = args
+        self.pb = pb
+        self.lock = threading.Lock()
+        self.counts = {}       # (kind, outcome) -> n
+        self.failures = []     # descriptions of unexpected outcomes (first 50 kept)
+        self.samples = []      # (seconds, rss_kib, fds)
+        self.stop = threading.Event()
+
+    # -- bookkeeping ---------------------------------------------------------
+    def count(self, kind, outcome):
+        with self.lock:
+            self.counts[(kind, outcome)] = self.counts.get((kind, outcome), 0) + 1
+
+    def fail(self, what):
+        with self.lock:
+            self.counts[("unexpected", "")] = self.counts.get(("unexpected", ""), 0) + 1
+            if len(self.failures) < 50:
+                self.failures.append(what)
+
+    # -- the server ----------------------------------------------------------
+    def start_server(self):
+        cmd = [self.args.server,
+               "--model=" + os.path.join(MODELS, "stories260K", "stories260K.bin"),
+               "--tokenizer=" + os.path.join(MODELS, "stories260K", "tok512.bin"),
+               "--host=127.0.0.1", "--port=0", "--metrics_port=0",
+               "--kv_cache_memory=600KiB", "--kv_block_size=16", "--max_batch_size=16",
+               "--max_batch_tokens=64", "--max_queue=256", "--stream_stall_timeout=2s",
+               "--grace_period=10s"] + self.args.server_flag
+        self.log = open(os.path.join(self.args.workdir, "server.log"), "w+")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        pattern = re.compile(r"serving \S+ on [0-9.]+:(\d+) \(metrics port (\d+)\)")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            self.log.seek(0)
+            m = pattern.search(self.log.read())
+            if m:
+                self.port, self.metrics_port = int(m.group(1)), int(m.group(2))
+                self.address = "127.0.0.1:%d" % self.port
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise SystemExit("the server did not start; see %s" % self.log.name)
+
+    def metrics(self):
+        url = "http://127.0.0.1:%d/metrics" % self.metrics_port
+        with urllib.request.urlopen(url, timeout=10) as f:
+            text = f.read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+    def sample(self, t0):
+        pid = self.proc.pid
+        with open("/proc/%d/status" % pid) as f:
+            rss = next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
+        fds = len(os.listdir("/proc/%d/fd" % pid))
+        self.samples.append((time.monotonic() - t0, rss, fds))
+
+    # -- clients -------------------------------------------------------------
+    def channel(self, **kw):
+        return grpc.insecure_channel(self.address, **kw)
+
+    def stubs(self, ch):
+        g, m = self.pb.g, "/coalesce.v1.Generator/"
+        ident = lambda b: b  # noqa: E731
+        return {
+            "generate": ch.unary_stream(m + "Generate",
+                                        request_serializer=g.GenerateRequest.SerializeToString,
+                                        response_deserializer=g.GenerateResponse.FromString),
+            "generate_raw": ch.unary_stream(m + "Generate", request_serializer=ident,
+                                            response_deserializer=ident),
+            "tokenize": ch.unary_unary(m + "Tokenize",
+                                       request_serializer=g.TokenizeRequest.SerializeToString,
+                                       response_deserializer=g.TokenizeResponse.FromString),
+            "detokenize": ch.unary_unary(m + "Detokenize",
+                                         request_serializer=g.DetokenizeRequest.SerializeToString,
+                                         response_deserializer=g.DetokenizeResponse.FromString),
+            "info": ch.unary_unary(m + "GetModelInfo",
+                                   request_serializer=g.GetModelInfoRequest.SerializeToString,
+                                   response_deserializer=g.ModelInfo.FromString),
+            "health": ch.unary_unary("/grpc.health.v1.Health/Check",
+                                     request_serializer=self.pb.health.HealthCheckRequest
+                                     .SerializeToString,
+                                     response_deserializer=self.pb.health.HealthCheckResponse
+                                     .FromString),
+        }
+
+    def exact_requests(self):
+        """The requests whose output must never change: greedy and seeded."""
+        g = self.pb.g
+        reqs = []
+        for i, p in enumerate(PROMPTS):
+            reqs.append(g.GenerateRequest(prompt=p, max_new_tokens=20 + 30 * i))
+            r = g.GenerateRequest(prompt=p, max_new_tokens=120, request_id="seeded-%d" % i)
+            r.sampling.temperature = 0.9
+            r.sampling.top_p = 0.95
+            r.sampling.seed = 1000 + i
+            reqs.append(r)
+        return reqs
+
+    def run_stream(self, call):
+        ids, last = [], None
+        for m in call:
+            ids.extend(m.token_ids)
+            last = m
+        return ids, last
+
+    def worker(self, seed):
+        rng = random.Random(seed)
+        ch = self.channel()
+        s = self.stubs(ch)
+        gz = self.channel(compression=grpc.Compression.Gzip)
+        gz_tok = self.stubs(gz)["tokenize"]
+        kinds = [k for k, w in KINDS.items() for _ in range(w)]
+        g = self.pb.g
+        while not self.stop.is_set():
+            kind = rng.choice(kinds)
+            try:
+                if kind == "exact":
+                    i = rng.randrange(len(self.refs))
+                    ids, last = self.run_stream(s["generate"](self.reqs[i], timeout=120))
+                    if ids != self.refs[i]:
+                        self.fail("exact: request %d gave different tokens" % i)
+                    elif last.usage.completion_tokens != len(ids):
+                        self.fail("exact: usage %d for %d tokens" % (last.usage.completion_tokens,
+                                                                     len(ids)))
+                    else:
+                        self.count(kind, "ok")
+                elif kind == "cancel":
+                    call = s["generate"](g.GenerateRequest(prompt=rng.choice(PROMPTS),
+                                                           max_new_tokens=400), timeout=120)
+                    n = rng.randrange(1, 6)
+                    for k, _ in enumerate(call):
+                        if k + 1 >= n:
+                            break
+                    call.cancel()
+                    self.count(kind, "cancelled")
+                elif kind == "deadline":
+                    i = rng.randrange(len(self.refs))
+                    try:
+                        ids, _ = self.run_stream(
+                            s["generate"](self.reqs[i], timeout=rng.uniform(0.05, 1.0)))
+                        if ids != self.refs[i]:
+                            self.fail("deadline: request %d finished with different tokens" % i)
+                        else:
+                            self.count(kind, "ok")
+                    except grpc.RpcError as e:
+                        if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                            raise
+                        self.count(kind, "deadline_exceeded")
+                elif kind == "invalid":
+                    self.invalid(rng, s, gz_tok)
+                else:
+                    text = rng.choice(PROMPTS)
+                    ids = list(s["tokenize"](g.TokenizeRequest(text=text), timeout=30).token_ids)
+                    back = s["detokenize"](g.DetokenizeRequest(token_ids=ids), timeout=30).text
+                    if back.lstrip(" ") != text:  # llama2c's dummy prefix space
+                        self.fail("misc: Detokenize(Tokenize(%r)) gave %r" % (text, back))
+                    s["info"](g.GetModelInfoRequest(), timeout=30)
+                    if s["health"](self.pb.health.HealthCheckRequest(), timeout=30).status != 1:
+                        self.fail("misc: health not SERVING")
+                    self.count(kind, "ok")
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    self.count(kind, "resource_exhausted")  # overload: allowed
+                else:
+                    self.fail("%s: %s %s" % (kind, e.code(), e.details()))
+        ch.close()
+        gz.close()
+
+    def invalid(self, rng, s, gz_tok):
+        g = self.pb.g
+        case = rng.randrange(6)
+        expect = grpc.StatusCode.INVALID_ARGUMENT
+        try:
+            if case == 0:
+                list(s["generate"](g.GenerateRequest(prompt="Hi", max_new_tokens=0), timeout=30))
+            elif case == 1:
+                list(s["generate"](g.GenerateRequest(prompt="Hi " * 2000, max_new_tokens=8),
+                                   timeout=30))
+            elif case == 2:
+                list(s["generate_raw"](bytes(rng.randrange(256) for _ in range(24)), timeout=30))
+            elif case == 3:
+                list(s["generate_raw"](field(1, b"Hi \xff") + b"\x18\x04", timeout=30))
+            elif case == 4:
+                list(s["generate"](g.GenerateRequest(prompt_token_ids=[9999], max_new_tokens=4),
+                                   timeout=30))
+            else:
+                expect = grpc.StatusCode.UNIMPLEMENTED
+                gz_tok(g.TokenizeRequest(text="x" * 100), timeout=30)
+        except grpc.RpcError as e:
+            if e.code() == expect:
+                self.count("invalid", "refused")
+                return
+            raise
+        if case == 2:
+            self.count("invalid", "parsed")  # random bytes that formed a valid request
+            return
+        self.fail("invalid: case %d was accepted" % case)
+
+    def staller(self, rng):
+        """Now and then, a client that stops reading (tests/service/h2_client.py)."""
+        from h2_client import StalledClient
+        while not self.stop.wait(rng.uniform(10, 30)):
+            payload = self.pb.g.GenerateRequest(prompt=rng.choice(PROMPTS),
+                                                max_new_tokens=450).SerializeToString()
+            client = StalledClient(self.address, payload)
+            # Ended by the server if it was still generating when the stall
+            # timeout passed; otherwise it finished first, its slot free, and
+            # only its last message waits (until the connection ages out).
+            self.count("stall", "ended" if client.reset.wait(30) else "finished first")
+            client.close()
+
+    # -- the run -------------------------------------------------------------
+    def run(self):
+        self.start_server()
+        ch = self.channel()
+        s = self.stubs(ch)
+        self.reqs = self.exact_requests()
+        self.refs = [self.run_stream(s["generate"](r, timeout=120))[0] for r in self.reqs]
+        ch.close()
+        t0 = time.monotonic()
+        self.sample(t0)
+        threads = [threading.Thread(target=self.worker, args=(self.args.seed + i,), daemon=True)
+                   for i in range(self.args.workers)]
+        threads.append(threading.Thread(target=self.staller,
+                                        args=(random.Random(self.args.seed),), daemon=True))
+        for t in threads:
+            t.start()
+        next_report = t0 + 60
+        while time.monotonic() - t0 < self.args.seconds:
+            time.sleep(min(self.args.sample_every, max(0.1, self.args.seconds
+                                                        - (time.monotonic() - t0))))
+            self.sample(t0)
+            if self.proc.poll() is not None:
+                self.fail("the server exited during the run (status %s)" % self.proc.returncode)
+                break
+            if time.monotonic() >= next_report:
+                next_report += 60
+                _, rss, fds = self.samples[-1]
+                print("%5.0f s: %d calls, %d unexpected, RSS %.1f MiB, %d fds"
+                      % (time.monotonic() - t0, sum(self.counts.values()),
+                         self.counts.get(("unexpected", ""), 0), rss / 1024, fds), flush=True)
+        self.stop.set()
+        for t in threads:
+            t.join(120)
+        return self.finish(t0)
+
+    def finish(self, t0):
+        elapsed = time.monotonic() - t0
+        checks = []
+        # Idle: nothing running or waiting, no KV block held.
+        idle, m = False, {}
+        for _ in range(300):
+            m = self.metrics()
+            if (m.get("coalesce_requests_running") == 0 and m.get("coalesce_requests_waiting") == 0
+                    and m.get('coalesce_kv_cache_blocks{state="used"}') == 0):
+                idle = True
+                break
+            time.sleep(0.1)
+        checks.append(("back to idle, no KV block held", idle))
+        checks.append(("no unexpected outcome or changed output",
+                       self.counts.get(("unexpected", ""), 0) == 0))
+        q = max(1, len(self.samples) // 4)
+        second, last = self.samples[q:2 * q], self.samples[-q:]
+        rss_mid = statistics.median(r for _, r, _ in second) if second else 0
+        rss_end = statistics.median(r for _, r, _ in last)
+        fds_mid = max(f for _, _, f in second) if second else 0
+        fds_end = max(f for _, _, f in last)
+        checks.append(("RSS on a plateau (%.1f -> %.1f MiB)" % (rss_mid / 1024, rss_end / 1024),
+                       rss_end <= rss_mid * 1.10 + 8 * 1024))
+        checks.append(("file descriptors on a plateau (%d -> %d)" % (fds_mid, fds_end),
+                       fds_end <= fds_mid + 8))
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = "timeout"
+        checks.append(("clean exit on SIGTERM (status %s)" % rc, rc == 0))
+        report = {
+            "seconds": round(elapsed, 1),
+            "workers": self.args.workers,
+            "calls": {"%s/%s" % k: v for k, v in sorted(self.counts.items())},
+            "generated_tokens": m.get("coalesce_generated_tokens_total"),
+            "preemptions": m.get("coalesce_preemptions_total"),
+            "stalled_streams": m.get("coalesce_stalled_streams_total"),
+            "rss_mib": {"start": round(self.samples[0][1] / 1024, 1),
+                        "second_quarter_median": round(rss_mid / 1024, 1),
+                        "last_quarter_median": round(rss_end / 1024, 1),
+                        "max": round(max(r for _, r, _ in self.samples) / 1024, 1)},
+            "fds": {"start": self.samples[0][2], "second_quarter_max": fds_mid,
+                    "last_quarter_max": fds_end},
+            "checks": {name: ok for name, ok in checks},
+            "failures": self.failures,
+        }
+        print(json.dumps(report, indent=2))
+        if self.args.json:
+            with open(self.args.json, "w") as f:
+                json.dump(report, f, indent=2)
+        ok = all(ok for _, ok in checks)
+        print("soak %s: %.0f s, %d calls" % ("passed" if ok else "FAILED", elapsed,
+                                             sum(self.counts.values())))
+        return 0 if ok else 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=600)
+    ap.add_argument("--workers", type=int, default=24)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--sample_every", type=float, default=5)
+    ap.add_argument("--server", default=os.environ.get("COALESCE_SERVER")
+                    or os.path.join(REPO, "build", "bin", "coalesce-server"))
+    ap.add_argument("--server_flag", action="append", default=[],
+                    help="one more coalesce-server flag (repeatable)")
+    ap.add_argument("--json", help="also write the report here")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="coalesce-soak-") as workdir:
+        args.workdir = workdir
+        desc = os.path.join(workdir, "coalesce.desc")
+        compile_descriptors(desc)
+        soak = Soak(args, load_stubs(desc))
+        try:
+            rc = soak.run()
+        finally:
+            if soak.__dict__.get("proc") is not None and soak.proc.poll() is None:
+                soak.proc.kill()
+        if rc != 0:
+            soak.log.seek(0)
+            lines = soak.log.read().splitlines()
+            print("---- last server log lines ----\n" + "\n".join(lines[-40:]))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
