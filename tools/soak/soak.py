@@ -5,7 +5,7 @@ a given time, then checks that the server came through it whole.
     tools/soak/soak.py --seconds=1800            # after tools/build.sh
     tools/soak/soak.py --seconds=60 --json=out.json
 
-It starts the server (stories260K from ../shared/models, a KV cache far too
+It starts the server (stories260K from ../shared/models, or $COALESCE_MODELS_DIR; a KV cache far too
 small for the load so that preemption never stops, a short stall timeout) and
 keeps WORKERS client threads busy with a random mix of:
 
@@ -52,7 +52,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(REPO, "tests", "service"))
 from e2e_protos import compile_descriptors, load_stubs  # noqa: E402
 
-MODELS = os.path.join(REPO, "..", "shared", "models")
+MODELS = os.environ.get("COALESCE_MODELS_DIR") or os.path.join(REPO, "..", "shared", "models")
 PROMPTS = ["Once upon a time", "The little dog", "Tim and Sam", "The sun was hot",
            "Lily had a red ball", "One day, a bird", "Mom said", "The big tree"]
 KINDS = {"exact": 45, "cancel": 15, "deadline": 15, "invalid": 15, "misc": 10}
@@ -279,7 +279,11 @@ class Soak:
             # Ended by the server if it was still generating when the stall
             # timeout passed; otherwise it finished first, its slot free, and
             # only its last message waits (until the connection ages out).
-            self.count("stall", "ended" if client.reset.wait(30) else "finished first")
+            deadline = time.monotonic() + 30
+            while not client.reset.wait(0.2) and time.monotonic() < deadline \
+                    and not self.stop.is_set():
+                pass
+            self.count("stall", "ended" if client.reset.is_set() else "finished first")
             client.close()
 
     # -- the run -------------------------------------------------------------
