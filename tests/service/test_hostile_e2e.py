@@ -117,9 +117,13 @@ def big_text(seed):
     return " ".join(out)[:BIG]
 
 
-def big_channel(server):
-    return grpc.insecure_channel(server.address, options=[
+def big_channel(server, pb):
+    """A channel for 3.9 MB texts and their tokens, and its Tokenize call."""
+    ch = grpc.insecure_channel(server.address, options=[
         ("grpc.max_send_message_length", 8 << 20), ("grpc.max_receive_message_length", 64 << 20)])
+    return ch, ch.unary_unary("/coalesce.v1.Generator/Tokenize",
+                              request_serializer=pb.g.TokenizeRequest.SerializeToString,
+                              response_deserializer=pb.g.TokenizeResponse.FromString)
 
 
 @pytest.mark.parametrize("model", ["llama2c", "tokenizer.json"])
@@ -131,12 +135,9 @@ def test_prompt_that_cannot_fit_is_refused_before_it_is_tokenized(pb, model):
     if model == "tokenizer.json":
         flags = ["--model=" + os.path.join(MODELS, "stories260K-hf")]
     server, c = serve(pb, ["--max_request_bytes=8388608"], flags)
-    ch = big_channel(server)
+    ch, tokenize = big_channel(server, pb)
     try:
         text = big_text(1)
-        tokenize = ch.unary_unary("/coalesce.v1.Generator/Tokenize",
-                                  request_serializer=pb.g.TokenizeRequest.SerializeToString,
-                                  response_deserializer=pb.g.TokenizeResponse.FromString)
         generate = ch.unary_stream("/coalesce.v1.Generator/Generate",
                                    request_serializer=pb.g.GenerateRequest.SerializeToString,
                                    response_deserializer=pb.g.GenerateResponse.FromString)
@@ -192,12 +193,9 @@ def test_tokenizing_large_texts_does_not_stall_other_streams(pb, tmp_path):
     takes to tokenize, measured first in the same run. On gRPC's own threads
     the tokenizing froze every stream for that long."""
     server, c = serve(pb, ["--max_request_bytes=8388608"])
-    ch = big_channel(server)
+    ch, tokenize = big_channel(server, pb)
     try:
         text = big_text(2)
-        tokenize = ch.unary_unary("/coalesce.v1.Generator/Tokenize",
-                                  request_serializer=pb.g.TokenizeRequest.SerializeToString,
-                                  response_deserializer=pb.g.TokenizeResponse.FromString)
         alone = []
         for _ in range(2):
             t0 = time.monotonic()
