@@ -51,41 +51,28 @@ bool GenerateReactor::cancelled() {
   return cancelled_;
 }
 
-// Finish is never called under mu_, and nothing of the reactor is touched
-// after it: gRPC may run OnDone (which deletes the reactor) at once.
 absl::Status GenerateReactor::Submit(batcher::GenerationRequest request) {
-  absl::StatusOr<uint64_t> id;
-  {
-    // Held so that an update delivered before Submit returns waits until
-    // engine_id_ is set, and so that a cancellation either comes first (and
-    // the request never reaches the engine) or finds engine_id_ set.
-    absl::MutexLock lock(&mu_);
-    if (cancelled_) {
-      id = absl::CancelledError("the client cancelled the request");
-    } else {
-      id = loop_->Submit(std::move(request), std::make_shared<Sink>(this));
-      if (id.ok()) {
-        engine_id_ = *id;
-        return absl::OkStatus();
-      }
-    }
-    finish_called_ = true;
-  }
-  absl::Status error = id.status();
-  if (error.code() == absl::StatusCode::kResourceExhausted) {
-    // gRPC's own retry policy honours this pushback; others can read it.
-    context_->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(kRetryPushbackMs));
-  }
-  Finish(ToGrpcStatus(error));
-  return error;
+  // Held so that an update delivered before Submit returns waits until
+  // engine_id_ is set, and so that a cancellation either comes first (and
+  // the request never reaches the engine) or finds engine_id_ set.
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) return absl::CancelledError("the client cancelled the request");
+  absl::StatusOr<uint64_t> id = loop_->Submit(std::move(request), std::make_shared<Sink>(this));
+  if (!id.ok()) return id.status();
+  engine_id_ = *id;
+  return absl::OkStatus();
 }
 
-void GenerateReactor::Reject(const absl::Status& status, bool retry_pushback) {
+// Finish is never called under mu_, and nothing of the reactor is touched
+// after it: gRPC may run OnDone (which deletes the reactor) at once.
+void GenerateReactor::Reject(const absl::Status& status) {
   {
     absl::MutexLock lock(&mu_);
     finish_called_ = true;
   }
-  if (retry_pushback) {
+  if (status.code() == absl::StatusCode::kResourceExhausted) {
+    // Overload: gRPC's own retry policy honours this pushback; others can
+    // read it.
     context_->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(kRetryPushbackMs));
   }
   Finish(ToGrpcStatus(status));

@@ -45,12 +45,12 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // Whether the client has gone (the request need not be prepared further).
   bool cancelled();
 
-  // Hands the request to the engine loop, or finishes the RPC with the error
-  // and returns it (CANCELLED if the client went away before).
+  // Hands the request to the engine loop, or returns why it could not
+  // (CANCELLED if the client went away before); then the caller Rejects.
   absl::Status Submit(batcher::GenerationRequest request);
-  // Finishes the RPC at once (a request refused before submission).
-  // `retry_pushback` adds gRPC's retry pushback trailer (overload).
-  void Reject(const absl::Status& status, bool retry_pushback = false);
+  // Finishes the RPC at once with `status`, a request that never reached the
+  // engine (RESOURCE_EXHAUSTED with gRPC's retry pushback trailer).
+  void Reject(const absl::Status& status);
 
   // Called by the engine thread through the sink.
   void Deliver(batcher::StreamUpdate update);

@@ -134,7 +134,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GeneratorService::Generate(
       metrics_->OnRejected("queue_full");
       metrics_->CountEndedBeforeEngine("resource_exhausted");
     }
-    reactor->Reject(PoolFull(options_.max_pending_work), /*retry_pushback=*/true);
+    reactor->Reject(PoolFull(options_.max_pending_work));
   }
   return reactor;
 }
@@ -144,25 +144,22 @@ void GeneratorService::PrepareAndSubmit(GenerateReactor* reactor,
                                         const grpc::ByteBuffer& raw) {
   absl::Status status;
   std::string_view rejection = "invalid";
-  absl::StatusOr<batcher::GenerationRequest> prepared;
   v1::GenerateRequest request;
   if (reactor->cancelled()) {
     status = absl::CancelledError("the client cancelled the request");
   } else if (status = ParseRequest(raw, &request); status.ok()) {
     reactor->set_request_id(request.request_id());
-    prepared = Prepare(context, request, &rejection);
-    status = prepared.status();
+    absl::StatusOr<batcher::GenerationRequest> prepared = Prepare(context, request, &rejection);
+    // The engine loop counts its own rejections.
+    status = prepared.ok() ? reactor->Submit(*std::move(prepared)) : prepared.status();
+    if (!prepared.ok() && metrics_ != nullptr) metrics_->OnRejected(rejection);
+  } else if (metrics_ != nullptr) {
+    metrics_->OnRejected(rejection);
   }
-  if (status.ok()) {
-    // Finishes the RPC on error; the engine loop counts its own rejections.
-    status = reactor->Submit(*std::move(prepared));
-  } else {
-    reactor->Reject(status);
-    if (metrics_ != nullptr && status.code() == absl::StatusCode::kInvalidArgument) {
-      metrics_->OnRejected(rejection);
-    }
-  }
-  if (!status.ok() && metrics_ != nullptr) metrics_->CountEndedBeforeEngine(StatusName(status));
+  if (status.ok()) return;
+  // Counted before the client can see the error.
+  if (metrics_ != nullptr) metrics_->CountEndedBeforeEngine(StatusName(status));
+  reactor->Reject(status);
 }
 
 void GeneratorService::PostUnary(grpc::ServerUnaryReactor* reactor,
