@@ -4,7 +4,9 @@
 # through a Python gRPC client, and the reference checks against Hugging Face
 # transformers and tokenizers and a real Prometheus; then the unit and
 # end-to-end tests again with AddressSanitizer and UBSan (tools/sanitize.sh;
-# COALESCE_SANITIZE=0 skips it).
+# COALESCE_SANITIZE=0 skips it), and the batcher, service and common unit
+# tests and the end-to-end tests with ThreadSanitizer (tools/tsan.sh;
+# COALESCE_TSAN=0 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
@@ -16,4 +18,7 @@ tools/fuzz.sh "${COALESCE_FUZZ_SECONDS:-20}"
 (cd build && ctest --output-on-failure -j "$(nproc)" "$@")
 if [[ ${COALESCE_SANITIZE:-1} != 0 ]]; then
   COALESCE_PYTHON="$python" tools/sanitize.sh "$@"
+fi
+if [[ ${COALESCE_TSAN:-1} != 0 ]]; then
+  COALESCE_PYTHON="$python" tools/tsan.sh "$@"
 fi
