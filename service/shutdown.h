@@ -24,7 +24,7 @@ inline constexpr absl::Duration kDeviceLostDrain = absl::Seconds(5);
 // After the drain, how long the generations it ended have to send their
 // final message (finish_reason CANCELLED, with usage) before gRPC cancels
 // what is left (a client that does not read).
-inline constexpr absl::Duration kFinalMessageTime = absl::Seconds(2);
+inline constexpr absl::Duration kFinalMessageTime = absl::Seconds(5);
 
 struct ShutdownReason {
   int exit_code = 0;
