@@ -219,6 +219,9 @@ void GenerateReactor::OnCancel() {
 
 void GenerateReactor::OnDone() {
   if (options_.on_done) options_.on_done();
+  // Orders the deletion after every earlier reaction's use of the state,
+  // whichever thread ran it.
+  { absl::MutexLock lock(&mu_); }
   delete this;
 }
 

@@ -17,10 +17,13 @@ TEST(WorkPoolTest, RunsEveryJobPostedBeforeItStops) {
   EXPECT_EQ(ran, 50);
 }
 
+// In each test, what the jobs use is declared before the pool, so that it
+// outlives the pool's destructor, which runs what is queued and joins.
+
 TEST(WorkPoolTest, SmallJobsRunWhileLargeOnesHoldEveryOtherThread) {
-  WorkPool pool(2, 100);
   absl::Notification release, large_started, small_ran;
   std::atomic<int> large_ran{0};
+  WorkPool pool(2, 100);
   // Two large jobs: one runs (and blocks), the other must wait, because the
   // last thread is kept for small jobs.
   for (int i = 0; i < 2; ++i) {
@@ -40,9 +43,9 @@ TEST(WorkPoolTest, SmallJobsRunWhileLargeOnesHoldEveryOtherThread) {
 }
 
 TEST(WorkPoolTest, RefusesJobsBeyondItsQueue) {
-  WorkPool pool(2, 3);
   absl::Notification release;
   std::atomic<int> started{0};
+  WorkPool pool(2, 3);
   // Two running jobs hold both threads; three more fill the queue.
   for (int i = 0; i < 2; ++i) {
     ASSERT_TRUE(pool.TryPost([&] {
