@@ -121,8 +121,9 @@ void GenerateReactor::Deliver(batcher::StreamUpdate update) {
 GenerateReactor::Action GenerateReactor::NextActionLocked() {
   if (write_in_flight_ || finish_called_) return Action::kNone;
   if (has_pending_ && !stream_broken_) {
-    pending_.set_request_id(request_id_);
-    in_flight_ = SerializeMessage(pending_);
+    // Serialized in Perform, outside the lock, which the engine thread takes
+    // for every token it delivers.
+    in_flight_message_.Swap(&pending_);
     pending_.Clear();
     has_pending_ = false;
     write_in_flight_ = true;
@@ -142,6 +143,8 @@ void GenerateReactor::Perform(Action action) {
     case Action::kNone:
       return;
     case Action::kWrite:
+      in_flight_message_.set_request_id(request_id_);
+      in_flight_ = SerializeMessage(in_flight_message_);
       StartWrite(&in_flight_);
       return;
     case Action::kFinish: {

@@ -85,8 +85,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   bool engine_done_ ABSL_GUARDED_BY(mu_) = false;    // final update received
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status final_status_ ABSL_GUARDED_BY(mu_);
-  // The message being written; only the thread that started the write (and
-  // then OnWriteDone) touches it.
+  // The message being written, and its bytes; only the thread that started
+  // the write (and then OnWriteDone) touches them.
+  v1::GenerateResponse in_flight_message_;
   grpc::ByteBuffer in_flight_;
 };
 
