@@ -22,7 +22,6 @@
 #include "engine/cpu/memory_bandwidth.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
-#include "grpcpp/health_check_service_interface.h"
 #include "service/backend_factory.h"
 #include "service/generator_service.h"
 #include "service/health_service.h"
@@ -321,7 +320,7 @@ int Serve(const ServerOptions& options) {
   loop.Start();
   service::GeneratorServiceOptions service_options;
   service_options.max_batch_size = options.scheduler.max_batch_size;
-  service_options.work_threads = options.work_threads > 0 ? options.work_threads : 2;
+  service_options.work_threads = options.work_threads;
   service_options.max_pending_work = options.max_queue;
   service_options.stream_stall_timeout = options.stream_stall_timeout;
   service::GeneratorService service(&loop, loaded->tokenizer.get(), backend->get(), service_options,
