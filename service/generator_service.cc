@@ -59,11 +59,11 @@ bool GeneratorService::WaitForGenerateCalls(absl::Time deadline) {
 
 absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
     const grpc::CallbackServerContext& context, const v1::GenerateRequest& request,
-    std::string_view* rejection) const {
+    absl::Time arrival, std::string_view* rejection) const {
   *rejection = "invalid";
   if (absl::Status s = ValidateGenerateRequest(request, limits_); !s.ok()) return s;
   batcher::GenerationRequest out;
-  out.arrival = absl::Now();
+  out.arrival = arrival;
   if (context.deadline() != std::chrono::system_clock::time_point::max()) {
     out.deadline = absl::FromChrono(context.deadline());
   }
@@ -126,10 +126,12 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GeneratorService::Generate(
   };
   auto* reactor = new GenerateReactor(context, loop_, std::move(reactor_options));
   // gRPC keeps the request and the context until the call is finished,
-  // which only the job (or a refusal here) does.
-  if (!pool_.TryPost(
-          [this, reactor, context, request] { PrepareAndSubmit(reactor, *context, *request); },
-          IsLarge(*request))) {
+  // which only the job (or a refusal here) does. The request's time in the
+  // work pool counts as queue time.
+  const absl::Time arrival = absl::Now();
+  if (!pool_.TryPost([this, reactor, context, request,
+                      arrival] { PrepareAndSubmit(reactor, *context, *request, arrival); },
+                     IsLarge(*request))) {
     if (metrics_ != nullptr) {
       metrics_->OnRejected("queue_full");
       metrics_->CountEndedBeforeEngine("resource_exhausted");
@@ -141,7 +143,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GeneratorService::Generate(
 
 void GeneratorService::PrepareAndSubmit(GenerateReactor* reactor,
                                         const grpc::CallbackServerContext& context,
-                                        const grpc::ByteBuffer& raw) {
+                                        const grpc::ByteBuffer& raw, absl::Time arrival) {
   absl::Status status;
   std::string_view rejection = "invalid";
   v1::GenerateRequest request;
@@ -149,7 +151,8 @@ void GeneratorService::PrepareAndSubmit(GenerateReactor* reactor,
     status = absl::CancelledError("the client cancelled the request");
   } else if (status = ParseRequest(raw, &request); status.ok()) {
     reactor->set_request_id(request.request_id());
-    absl::StatusOr<batcher::GenerationRequest> prepared = Prepare(context, request, &rejection);
+    absl::StatusOr<batcher::GenerationRequest> prepared =
+        Prepare(context, request, arrival, &rejection);
     // The engine loop counts its own rejections.
     status = prepared.ok() ? reactor->Submit(*std::move(prepared)) : prepared.status();
     if (!prepared.ok() && metrics_ != nullptr) metrics_->OnRejected(rejection);

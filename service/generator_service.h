@@ -65,11 +65,12 @@ class GeneratorService final : public RawGeneratorService {
   // Parses, validates and tokenizes a Generate request and submits it; on
   // the work pool.
   void PrepareAndSubmit(GenerateReactor* reactor, const grpc::CallbackServerContext& context,
-                        const grpc::ByteBuffer& raw);
+                        const grpc::ByteBuffer& raw, absl::Time arrival);
   // Turns a valid request into the engine's form, or says why it is invalid.
   // `rejection` names the reason for the rejection metric on error.
   absl::StatusOr<batcher::GenerationRequest> Prepare(const grpc::CallbackServerContext& context,
                                                      const v1::GenerateRequest& request,
+                                                     absl::Time arrival,
                                                      std::string_view* rejection) const;
   // Runs `job` on the work pool, or finishes the unary call with
   // RESOURCE_EXHAUSTED when the pool is full.
