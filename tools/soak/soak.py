@@ -90,7 +90,7 @@ class Soak:
                "--tokenizer=" + os.path.join(MODELS, "stories260K", "tok512.bin"),
                "--host=127.0.0.1", "--port=0", "--metrics_port=0",
                "--kv_cache_memory=600KiB", "--kv_block_size=16", "--max_batch_size=16",
-               "--max_batch_tokens=64", "--max_queue=256", "--stream_stall_timeout=2s",
+               "--max_batch_tokens=64", "--max_queue=256", "--stream_stall_timeout=200ms",
                "--grace_period=10s"] + self.args.server_flag
         self.log = open(os.path.join(self.args.workdir, "server.log"), "w+")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log,
@@ -272,9 +272,12 @@ class Soak:
     def staller(self, rng):
         """Now and then, a client that stops reading (tests/service/h2_client.py)."""
         from h2_client import StalledClient
-        while not self.stop.wait(rng.uniform(10, 30)):
-            payload = self.pb.g.GenerateRequest(prompt=rng.choice(PROMPTS),
-                                                max_new_tokens=450).SerializeToString()
+        while not self.stop.wait(rng.uniform(5, 15)):
+            # Sampled, so that it rarely ends early on EOS: it must still be
+            # generating when the server's 200 ms stall timeout passes.
+            request = self.pb.g.GenerateRequest(prompt=rng.choice(PROMPTS), max_new_tokens=450)
+            request.sampling.temperature = 1.0
+            payload = request.SerializeToString()
             client = StalledClient(self.address, payload)
             # Ended by the server if it was still generating when the stall
             # timeout passed; otherwise it finished first, its slot free, and
