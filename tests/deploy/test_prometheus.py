@@ -24,7 +24,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -66,13 +65,13 @@ MIN_SCRAPES = 10        # successful scrapes before the queries are checked
 DATA_TIMEOUT = 40       # seconds for every query to return data after that
 
 
-def _die_with_parent():
-    """In the child: SIGKILL it if pytest dies (e.g. killed by a ctest timeout)."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+def _die_with_parent(argv):
+    """`argv` run so that the child gets SIGKILL if pytest dies (e.g. killed by a
+    ctest timeout): util-linux's setpriv sets PR_SET_PDEATHSIG and execs it.
+    Not a preexec_fn: Python code between fork and exec in a process with
+    threads (gRPC's, the log readers) can crash or deadlock the child."""
+    setpriv = shutil.which("setpriv")
+    return ([setpriv, "--pdeathsig=KILL", "--"] if setpriv else []) + list(argv)
 
 
 def _tool(name):
@@ -238,9 +237,9 @@ class Stack:
     def start_server(self):
         if not os.path.exists(SERVER):
             pytest.fail("server binary not found: %s (set COALESCE_SERVER)" % SERVER)
-        self.server = subprocess.Popen([SERVER] + SERVER_FLAGS, stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       preexec_fn=_die_with_parent)
+        self.server = subprocess.Popen(_die_with_parent([SERVER] + SERVER_FLAGS),
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT)
         found = threading.Event()
         ports = {}
 
@@ -262,9 +261,9 @@ class Stack:
 
     # -- load -----------------------------------------------------------------
     def _cli(self, *flags, timeout=120):
-        proc = subprocess.Popen([CLI, "--server=" + self.grpc_address] + list(flags),
+        proc = subprocess.Popen(_die_with_parent([CLI, "--server=" + self.grpc_address] + list(flags)),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                                stderr=subprocess.STDOUT)
         with self.load_lock:
             self.load_procs.add(proc)
         try:
@@ -310,11 +309,10 @@ class Stack:
             }, f)
         self.prom_log = open(os.path.join(self.tmp, "prometheus.log"), "wb")
         self.prom = subprocess.Popen(
-            [prometheus, "--config.file=" + config,
+            _die_with_parent([prometheus, "--config.file=" + config,
              "--storage.tsdb.path=" + os.path.join(self.tmp, "data"),
-             "--web.listen-address=127.0.0.1:%d" % self.prom_port, "--log.level=warn"],
-            stdin=subprocess.DEVNULL, stdout=self.prom_log, stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent)
+             "--web.listen-address=127.0.0.1:%d" % self.prom_port, "--log.level=warn"]),
+            stdin=subprocess.DEVNULL, stdout=self.prom_log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while True:
             if self.prom.poll() is not None:

@@ -15,7 +15,7 @@ Environment:
 import concurrent.futures
 import os
 import re
-import signal
+import shutil
 import subprocess
 import sys
 import threading
@@ -45,13 +45,13 @@ RPC_TIMEOUT = 60  # seconds; no call in this file should come near it
 # The server process
 # ---------------------------------------------------------------------------
 
-def _die_with_parent():
-    """In the child: SIGKILL it if pytest dies (e.g. killed by a ctest timeout)."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+def die_with_parent(argv):
+    """`argv` run so that the child gets SIGKILL if pytest dies (e.g. killed by a
+    ctest timeout): util-linux's setpriv sets PR_SET_PDEATHSIG and execs it.
+    Not a preexec_fn: Python code between fork and exec in a process with
+    threads (gRPC's, the log readers) can crash or deadlock the child."""
+    setpriv = shutil.which("setpriv")
+    return ([setpriv, "--pdeathsig=KILL", "--"] if setpriv else []) + list(argv)
 
 
 _SERVING_RE = re.compile(r"serving (\S+) on ([0-9.]+):(\d+) \(metrics port (-?\d+)\)")
@@ -76,9 +76,8 @@ class Server:
         self._log = []
         self._lock = threading.Lock()
         self._serving = threading.Event()
-        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(die_with_parent(self.cmd), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self._reader = threading.Thread(target=self._drain, daemon=True)
         self._reader.start()
         self.port = self.metrics_port = None

@@ -20,7 +20,7 @@ import time
 import grpc
 import pytest
 
-from e2e_support import (MODELS, SERVER, _die_with_parent, run_concurrently, start_server,
+from e2e_support import (MODELS, SERVER, die_with_parent, run_concurrently, start_server,
                          wait_for, wait_idle)
 from h2_client import StalledClient
 
@@ -212,10 +212,10 @@ def test_tokenizing_large_texts_does_not_stall_other_streams(pb, tmp_path):
             compile_descriptors(str(desc))
         seconds = max(4.0, 4 * one)
         # The attacker is another process: its Python must not slow the victim's.
-        spammer = subprocess.Popen([sys.executable, "-c", SPAMMER, HERE, str(desc),
-                                    str(tmp_path / "text"), server.address, str(seconds)],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   preexec_fn=_die_with_parent)
+        spammer = subprocess.Popen(die_with_parent([sys.executable, "-c", SPAMMER, HERE, str(desc),
+                                                    str(tmp_path / "text"), server.address,
+                                                    str(seconds)]),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         time.sleep(min(1.0, one))  # the first texts are being tokenized
         gaps, streams = [], 0
         end = time.monotonic() + seconds - 1.5 * min(1.0, one)
@@ -286,10 +286,9 @@ def test_a_busy_port_is_a_start_up_error(pb):
     server, c = serve(pb, [])
     try:
         second = subprocess.run(
-            [SERVER, "--model=synthetic:tiny", "--device=null", "--host=127.0.0.1",
-             "--port=%d" % server.port, "--metrics_port=0"],
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
-            preexec_fn=_die_with_parent)
+            die_with_parent([SERVER, "--model=synthetic:tiny", "--device=null",
+                             "--host=127.0.0.1", "--port=%d" % server.port, "--metrics_port=0"]),
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
         assert second.returncode == 1, (second.returncode, second.stderr)
         assert re.search(r"cannot listen on 127\.0\.0\.1:%d: Address already in use"
                          % server.port, second.stderr), second.stderr

@@ -35,6 +35,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -220,13 +221,13 @@ def kv_cache_flag(model, max_batch_size, prompt_tokens, max_new_tokens):
 _SERVING_RE = re.compile(r"serving (\S+) on ([0-9.]+):(\d+) \(metrics port (-?\d+)\)")
 
 
-def _die_with_parent():
-    """In the child: SIGKILL it if the sweep dies, so no server outlives it."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+def _die_with_parent(argv):
+    """`argv` run so that the child gets SIGKILL if the sweep dies (e.g. killed by a
+    ctest timeout): util-linux's setpriv sets PR_SET_PDEATHSIG and execs it.
+    Not a preexec_fn: Python code between fork and exec in a process with
+    threads (gRPC's, the log readers) can crash or deadlock the child."""
+    setpriv = shutil.which("setpriv")
+    return ([setpriv, "--pdeathsig=KILL", "--"] if setpriv else []) + list(argv)
 
 
 def health_serving(address, timeout_s=2.0):
@@ -254,8 +255,8 @@ class Server:
                     "--grace_period=5s"] + list(flags)
         self.log_path = log_path
         self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(_die_with_parent(self.cmd), stdin=subprocess.DEVNULL,
+                                     stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + start_timeout_s
         self.port = self.metrics_port = None
         while self.port is None:
