@@ -26,6 +26,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -43,6 +44,9 @@ except ImportError:  # reported by each test that needs it
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RULES = os.path.join(REPO, "deploy", "prometheus", "coalesce-rules.yml")
 DASHBOARD = os.path.join(REPO, "deploy", "grafana", "coalesce-dashboard.json")
+sys.path.insert(0, os.path.join(REPO, "tests", "service"))
+from e2e_support import die_with_parent  # noqa: E402
+
 SERVER = os.environ.get("COALESCE_SERVER") or os.path.join(REPO, "build", "bin", "coalesce-server")
 CLI = os.environ.get("COALESCE_CLI") or os.path.join(REPO, "build", "bin", "coalesce-cli")
 
@@ -64,14 +68,6 @@ LOAD_CONCURRENCY = 6    # streams per coalesce-cli run
 MIN_SCRAPES = 10        # successful scrapes before the queries are checked
 DATA_TIMEOUT = 40       # seconds for every query to return data after that
 
-
-def _die_with_parent(argv):
-    """`argv` run so that the child gets SIGKILL if pytest dies (e.g. killed by a
-    ctest timeout): util-linux's setpriv sets PR_SET_PDEATHSIG and execs it.
-    Not a preexec_fn: Python code between fork and exec in a process with
-    threads (gRPC's, the log readers) can crash or deadlock the child."""
-    setpriv = shutil.which("setpriv")
-    return ([setpriv, "--pdeathsig=KILL", "--"] if setpriv else []) + list(argv)
 
 
 def _tool(name):
@@ -237,7 +233,7 @@ class Stack:
     def start_server(self):
         if not os.path.exists(SERVER):
             pytest.fail("server binary not found: %s (set COALESCE_SERVER)" % SERVER)
-        self.server = subprocess.Popen(_die_with_parent([SERVER] + SERVER_FLAGS),
+        self.server = subprocess.Popen(die_with_parent([SERVER] + SERVER_FLAGS),
                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT)
         found = threading.Event()
@@ -261,7 +257,8 @@ class Stack:
 
     # -- load -----------------------------------------------------------------
     def _cli(self, *flags, timeout=120):
-        proc = subprocess.Popen(_die_with_parent([CLI, "--server=" + self.grpc_address] + list(flags)),
+        argv = [CLI, "--server=" + self.grpc_address] + list(flags)
+        proc = subprocess.Popen(die_with_parent(argv),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT)
         with self.load_lock:
@@ -309,7 +306,7 @@ class Stack:
             }, f)
         self.prom_log = open(os.path.join(self.tmp, "prometheus.log"), "wb")
         self.prom = subprocess.Popen(
-            _die_with_parent([prometheus, "--config.file=" + config,
+            die_with_parent([prometheus, "--config.file=" + config,
              "--storage.tsdb.path=" + os.path.join(self.tmp, "data"),
              "--web.listen-address=127.0.0.1:%d" % self.prom_port, "--log.level=warn"]),
             stdin=subprocess.DEVNULL, stdout=self.prom_log, stderr=subprocess.STDOUT)
