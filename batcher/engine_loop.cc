@@ -130,7 +130,7 @@ absl::StatusOr<uint64_t> EngineLoop::Submit(GenerationRequest request,
     if (observer_ != nullptr) observer_->OnRejected("queue_full");
     return absl::ResourceExhaustedError(
         absl::StrCat("the server is overloaded: ", waiting,
-                     " requests are already waiting (--max_queue); retry after a short pause"));
+                     " requests are already waiting, its limit; retry after a short pause"));
   }
   const uint64_t id = next_id_++;
   inbox_.push_back(std::make_unique<Sequence>(id, std::move(request), std::move(sink)));
@@ -331,7 +331,8 @@ Decision EngineLoop::ScheduleAndAdmit(absl::Time now) {
     } else {
       if (observer_ != nullptr) observer_->OnRejected("queue_timeout");
       FinishWithError(*seq, absl::ResourceExhaustedError(absl::StrCat(
-                                "the request was not admitted within --max_queue_wait (",
+                                "the request was not admitted within the server's queue wait "
+                                "limit (",
                                 absl::FormatDuration(options_.scheduler.max_queue_wait),
                                 "): the server is overloaded; retry after a short pause")));
     }

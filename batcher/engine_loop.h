@@ -133,6 +133,9 @@ class EngineLoop {
   bool Tick();
 
   QueueStats queue_stats() const;
+
+  // The loop's time source: arrivals and deadlines are measured on it.
+  const Clock& clock() const { return *clock_; }
   // Same threading rule as Tick().
   LoopSnapshot Snapshot() const;
 

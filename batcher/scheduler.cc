@@ -5,6 +5,18 @@
 
 namespace coalesce::batcher {
 
+std::string_view BatchingModeName(BatchingMode mode) {
+  switch (mode) {
+    case BatchingMode::kContinuous:
+      return "continuous";
+    case BatchingMode::kStatic:
+      return "static";
+    case BatchingMode::kStaticPadded:
+      return "static_padded";
+  }
+  return "?";
+}
+
 std::string_view HoldReasonName(HoldReason reason) {
   switch (reason) {
     case HoldReason::kNone:

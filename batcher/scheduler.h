@@ -49,6 +49,10 @@
 namespace coalesce::batcher {
 
 enum class BatchingMode { kContinuous, kStatic, kStaticPadded };
+inline constexpr BatchingMode kBatchingModes[] = {BatchingMode::kContinuous, BatchingMode::kStatic,
+                                                  BatchingMode::kStaticPadded};
+// "continuous", "static", "static_padded".
+std::string_view BatchingModeName(BatchingMode mode);
 
 struct SchedulerConfig {
   int max_batch_size = 16;                             // sequences in one engine step

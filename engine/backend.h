@@ -79,6 +79,20 @@ absl::Status ValidateStep(const ModelConfig& config, const KvCacheConfig& kv,
 // StepAndSample's sizes: one sampling spec and one output per sequence.
 absl::Status CheckSampleSizes(const StepBatch& batch, size_t num_specs, size_t num_tokens);
 
+// What a backend is, for its users to ask instead of telling backends apart
+// by name.
+struct BackendCapabilities {
+  // Runs the model. False for the null backend: no arithmetic, and output
+  // that means nothing.
+  bool runs_model = true;
+  // Reads its weights from host memory, so that the host's memory bandwidth
+  // bounds how fast a decode step can be.
+  bool weights_in_host_memory = false;
+  // A step takes long enough that running it on a thread of its own, while
+  // the previous step's tokens are streamed, pays for the handoff.
+  bool overlap_pays = true;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -106,6 +120,7 @@ class Backend {
   virtual const ModelConfig& config() const = 0;
   virtual const KvCacheConfig& kv_cache() const = 0;
   virtual std::string_view name() const = 0;  // "cpu", "cuda", "null"
+  virtual BackendCapabilities capabilities() const { return {}; }
   // One line for the start-up log: the device, the precision, the KV cache.
   virtual std::string Describe() const { return std::string(name()); }
 

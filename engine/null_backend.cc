@@ -84,6 +84,10 @@ class NullBackend final : public Backend {
   const ModelConfig& config() const override { return config_; }
   const KvCacheConfig& kv_cache() const override { return kv_; }
   std::string_view name() const override { return "null"; }
+  // Its steps take no time: a handoff to a step thread would only cost.
+  BackendCapabilities capabilities() const override {
+    return {.runs_model = false, .weights_in_host_memory = false, .overlap_pays = false};
+  }
   std::string Describe() const override {
     return "null (NO ARITHMETIC: for measuring the server's own cost; output is meaningless; "
            "KV cache accounted, not allocated)";

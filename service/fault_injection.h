@@ -30,6 +30,7 @@ class DeviceLossInjector : public engine::Backend {
   const engine::ModelConfig& config() const override { return inner_->config(); }
   const engine::KvCacheConfig& kv_cache() const override { return inner_->kv_cache(); }
   std::string_view name() const override { return inner_->name(); }
+  engine::BackendCapabilities capabilities() const override { return inner_->capabilities(); }
   std::string Describe() const override;
 
  private:

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
-#include "service/generator_service.h"
+#include "service/grpc_status.h"
 #include "service/request_parser.h"
 
 namespace coalesce::service {

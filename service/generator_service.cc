@@ -6,16 +6,11 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "service/generate_reactor.h"
+#include "service/grpc_status.h"
 #include "service/request_parser.h"
 
 namespace coalesce::service {
-
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
 
 namespace {
 std::string StatusName(const absl::Status& status) {
@@ -127,8 +122,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GeneratorService::Generate(
   auto* reactor = new GenerateReactor(context, loop_, std::move(reactor_options));
   // gRPC keeps the request and the context until the call is finished,
   // which only the job (or a refusal here) does. The request's time in the
-  // work pool counts as queue time.
-  const absl::Time arrival = absl::Now();
+  // work pool counts as queue time, on the clock the loop schedules by.
+  const absl::Time arrival = loop_->clock().Now();
   if (!pool_.TryPost([this, reactor, context, request,
                       arrival] { PrepareAndSubmit(reactor, *context, *request, arrival); },
                      IsLarge(*request))) {

@@ -24,11 +24,11 @@ namespace coalesce::service {
 class GenerateReactor;
 
 struct GeneratorServiceOptions {
-  int max_batch_size = 16;  // reported by GetModelInfo
+  int max_batch_size = batcher::SchedulerConfig{}.max_batch_size;  // reported by GetModelInfo
   // Threads that parse and tokenize requests, and how many requests may
   // wait for them before more are refused (RESOURCE_EXHAUSTED).
   int work_threads = 2;
-  int max_pending_work = 1024;
+  int max_pending_work = batcher::EngineLoopOptions{}.max_queue;
   // A Generate stream whose client reads nothing for this long, while the
   // engine still generates for it, is ended (see GenerateReactor).
   absl::Duration stream_stall_timeout = absl::InfiniteDuration();
@@ -94,8 +94,5 @@ class GeneratorService final : public RawGeneratorService {
   // lives (gRPC has finished every call by then, so nothing is queued).
   WorkPool pool_;
 };
-
-// absl::Status -> grpc::Status (the codes are the same numbers).
-grpc::Status ToGrpcStatus(const absl::Status& status);
 
 }  // namespace coalesce::service

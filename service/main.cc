@@ -12,12 +12,9 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/flags.h"
 #include "common/log.h"
 #include "engine/cpu/memory_bandwidth.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -31,44 +28,56 @@
 #include "service/server_options.h"
 #include "service/shutdown.h"
 
-ABSL_FLAG(std::string, host, "0.0.0.0", "Address the gRPC server listens on.");
-ABSL_FLAG(int, port, 50051, "gRPC port. 0 picks a free port (logged at start-up).");
-ABSL_FLAG(int, metrics_port, 9090,
+namespace {
+// The server's defaults are ServerOptions' (service/server_options.h): each
+// flag's default is its field's, defined there once.
+const coalesce::service::ServerOptions& Defaults() {
+  static const coalesce::service::ServerOptions defaults;
+  return defaults;
+}
+}  // namespace
+
+ABSL_FLAG(std::string, host, Defaults().host, "Address the gRPC server listens on.");
+ABSL_FLAG(int, port, Defaults().port, "gRPC port. 0 picks a free port (logged at start-up).");
+ABSL_FLAG(int, metrics_port, Defaults().metrics_port,
           "Port of the Prometheus endpoint (/metrics). 0 picks a free port; "
           "-1 turns it off.");
-ABSL_FLAG(std::string, model, "synthetic:15m",
+ABSL_FLAG(std::string, model, Defaults().model,
           "The model: a Hugging Face folder (config.json, *.safetensors, tokenizer.json; "
           "Llama, Mistral, Qwen2), a llama2.c checkpoint file, or an embedded synthetic "
           "model (synthetic:tiny, synthetic:15m, synthetic:110m, synthetic:1b) with random "
           "weights.");
-ABSL_FLAG(std::string, tokenizer, "",
+ABSL_FLAG(std::string, tokenizer, Defaults().tokenizer,
           "The tokenizer, when not the default: tokenizer.json in a Hugging Face folder, "
           "tokenizer.bin beside a llama2.c checkpoint.");
-ABSL_FLAG(absl::Duration, batch_window, absl::ZeroDuration(),
+ABSL_FLAG(absl::Duration, batch_window, Defaults().scheduler.batch_window,
           "Coalescing window: a request that could be admitted waits at most this "
           "long for companions, unless enough arrive to fill the free batch slots. "
           "0 (the default, which docs/benchmarks.md supports on a CPU): no wait; "
           "requests that arrive during a step still join together at its end.");
-ABSL_FLAG(int, max_batch_size, 16, "Most sequences in one engine step (1 to 256).");
-ABSL_FLAG(std::string, batching, "continuous",
+ABSL_FLAG(int, max_batch_size, Defaults().scheduler.max_batch_size,
+          "Most sequences in one engine step (1 to 256).");
+ABSL_FLAG(std::string, batching,
+          std::string(coalesce::batcher::BatchingModeName(Defaults().scheduler.mode)),
           "continuous: sequences join and leave the batch at every step. For comparison: "
           "static: a batch runs until all its sequences finish; static_padded: the same, and "
           "finished sequences keep their rows in every step as padding, as fixed-shape "
           "batches do.");
-ABSL_FLAG(int, max_batch_tokens, 2048,
+ABSL_FLAG(int, max_batch_tokens, Defaults().max_batch_tokens,
           "Most tokens processed in one engine step: decode tokens of running sequences "
           "first, prompt chunks in the rest (a longer prompt is split across steps). At "
           "least --max_batch_size.");
-ABSL_FLAG(int, max_queue, 1024,
+ABSL_FLAG(int, max_queue, Defaults().max_queue,
           "Most requests waiting for admission; the next gets RESOURCE_EXHAUSTED at once.");
-ABSL_FLAG(absl::Duration, max_queue_wait, absl::Seconds(60),
+ABSL_FLAG(absl::Duration, max_queue_wait, Defaults().scheduler.max_queue_wait,
           "A request not admitted within this time fails with RESOURCE_EXHAUSTED. 'inf' "
           "waits forever.");
-ABSL_FLAG(absl::Duration, priority_aging, absl::Seconds(10),
+ABSL_FLAG(absl::Duration, priority_aging, Defaults().scheduler.priority_aging,
           "Every this long a request waits, its priority rises by one, so low-priority "
           "requests are not starved. 0 turns aging off.");
-ABSL_FLAG(int, threads, 0, "Engine compute threads (CPU backend). 0: one per core.");
-ABSL_FLAG(std::string, device, "auto",
+ABSL_FLAG(int, threads, Defaults().threads,
+          "Engine compute threads (CPU backend). 0: one per core.");
+ABSL_FLAG(std::string, device, coalesce::service::DeviceName(Defaults().device),
           "Where the model runs: cuda (a start-up error without a usable CUDA device), "
           "cpu, or auto (the GPU when one is usable, else the CPU, logging why). null: "
           "no arithmetic, for measuring the server's own cost (gRPC, streaming, "
@@ -76,10 +85,10 @@ ABSL_FLAG(std::string, device, "auto",
 ABSL_FLAG(std::string, dtype, "auto",
           "Precision of the weights and the KV cache: bf16, fp16 or fp32 on CUDA; only "
           "fp32 on the CPU. auto: bf16 on CUDA, fp32 on the CPU.");
-ABSL_FLAG(bool, cuda_graphs, true,
+ABSL_FLAG(bool, cuda_graphs, Defaults().cuda_graphs,
           "CUDA: replay decode steps from CUDA graphs captured once per batch-size bucket.");
-ABSL_FLAG(int, kv_block_size, 16, "Token positions per KV-cache block.");
-ABSL_FLAG(std::string, kv_cache_memory, "auto",
+ABSL_FLAG(int, kv_block_size, Defaults().kv_block_size, "Token positions per KV-cache block.");
+ABSL_FLAG(std::string, kv_cache_memory, Defaults().kv_cache_memory,
           "KV-cache size. CPU: a size (512MiB, 2GB), a fraction of physical memory "
           "(0.25), or auto (max_batch_size full-context sequences, at most a quarter "
           "of physical memory). CUDA: a size, a fraction of the device memory free "
@@ -88,29 +97,29 @@ ABSL_FLAG(std::string, fault_injection, "",
           "TESTING ONLY, never in production: device_lost_after_steps:N makes every "
           "engine step after the first N fail as a lost GPU does, to test the "
           "device-loss path (NOT_SERVING, exit code 3) without a GPU.");
-ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(30),
+ABSL_FLAG(absl::Duration, grace_period, Defaults().grace_period,
           "On SIGTERM/SIGINT, how long running streams may take to finish. Those still "
           "running then end with their final message (finish_reason CANCELLED, with usage), "
           "and the server exits once that is sent (at most 5 s later).");
-ABSL_FLAG(absl::Duration, stream_stall_timeout, absl::Seconds(10),
+ABSL_FLAG(absl::Duration, stream_stall_timeout, Defaults().stream_stall_timeout,
           "A Generate stream whose client reads nothing for this long, while the engine "
           "still generates for it, is ended (CANCELLED) and its batch slot and KV blocks "
           "freed. 'inf' never.");
-ABSL_FLAG(int, work_threads, 2,
+ABSL_FLAG(int, work_threads, Defaults().work_threads,
           "Threads that parse and tokenize requests, off gRPC's own threads so that a "
           "long prompt delays only its own call (at least 2: large requests, over 64 KiB, "
           "never take the last one, which small ones can always use).");
-ABSL_FLAG(absl::Duration, max_connection_age, absl::Minutes(5),
+ABSL_FLAG(absl::Duration, max_connection_age, Defaults().max_connection_age,
           "Close each client connection (with GOAWAY) after about this long, so that "
           "long-lived client channels spread onto new replicas. 'inf' never.");
-ABSL_FLAG(absl::Duration, keepalive_time, absl::Seconds(30),
+ABSL_FLAG(absl::Duration, keepalive_time, Defaults().keepalive_time,
           "Ping an idle connection after this long, to find dead peers.");
-ABSL_FLAG(absl::Duration, keepalive_timeout, absl::Seconds(10),
+ABSL_FLAG(absl::Duration, keepalive_timeout, Defaults().keepalive_timeout,
           "Close a connection whose keepalive ping got no answer within this long.");
-ABSL_FLAG(int, max_request_bytes, 4 << 20,
+ABSL_FLAG(int, max_request_bytes, Defaults().max_request_bytes,
           "Largest request message accepted (RESOURCE_EXHAUSTED above it).");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
-ABSL_FLAG(bool, log_steps, false,
+ABSL_FLAG(bool, log_steps, Defaults().log_steps,
           "Log one line per engine step at --log_level=debug: decode and prefill tokens, "
           "admitted, preempted, running, waiting, free KV blocks, and why waiting requests "
           "were not admitted.");
@@ -135,16 +144,14 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   o.scheduler.batch_window = absl::GetFlag(FLAGS_batch_window);
   o.scheduler.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   const std::string batching = absl::GetFlag(FLAGS_batching);
-  if (batching == "continuous") {
-    o.scheduler.mode = batcher::BatchingMode::kContinuous;
-  } else if (batching == "static") {
-    o.scheduler.mode = batcher::BatchingMode::kStatic;
-  } else if (batching == "static_padded") {
-    o.scheduler.mode = batcher::BatchingMode::kStaticPadded;
-  } else {
+  const auto* mode = std::find_if(
+      std::begin(batcher::kBatchingModes), std::end(batcher::kBatchingModes),
+      [&](batcher::BatchingMode m) { return batcher::BatchingModeName(m) == batching; });
+  if (mode == std::end(batcher::kBatchingModes)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--batching=", batching, ": expected continuous, static or static_padded"));
   }
+  o.scheduler.mode = *mode;
   if (o.scheduler.max_batch_size < 1 || o.scheduler.max_batch_size > 256) {
     return absl::InvalidArgumentError("--max_batch_size must be in [1, 256]");
   }
@@ -256,7 +263,8 @@ int Serve(const ServerOptions& options) {
   const engine::KvCacheConfig& kv = (*backend)->kv_cache();
   const int64_t context_blocks = (config.max_seq_len + kv.block_size - 1) / kv.block_size;
   LogF(LogLevel::kInfo, "backend: %s", (*backend)->Describe());
-  if ((*backend)->name() == "null") {
+  const engine::BackendCapabilities capabilities = (*backend)->capabilities();
+  if (!capabilities.runs_model) {
     Log(LogLevel::kWarning,
         "--device=null: the NULL backend does no arithmetic, for measuring the server's own "
         "cost; its output is meaningless. Pass --device=cpu or cuda to run the model.");
@@ -278,7 +286,7 @@ int Serve(const ServerOptions& options) {
   info.backend = std::string((*backend)->name());
   info.synthetic = config.synthetic;
   info.parameters = config.num_parameters();
-  if ((*backend)->name() == "cpu") {
+  if (capabilities.weights_in_host_memory) {
     info.memory_bandwidth = engine::MeasureMemoryReadBandwidth(
         options.threads > 0 ? options.threads
                             : static_cast<int>(std::thread::hardware_concurrency()));
@@ -286,7 +294,7 @@ int Serve(const ServerOptions& options) {
          "memory read bandwidth: %.1f GB/s (measured); one decode step reads at "
          "least %.1f MB of weights",
          info.memory_bandwidth / 1e9, (*backend)->weight_bytes() / 1e6);
-  } else if ((*backend)->name() != "null") {
+  } else if (capabilities.runs_model) {
     // Host memory bandwidth says nothing about a GPU's; left unmeasured (0),
     // the bandwidth utilisation metric stays unset (as for the null backend,
     // which reads nothing).
@@ -310,7 +318,7 @@ int Serve(const ServerOptions& options) {
   loop_options.max_batch_tokens = options.max_batch_tokens;
   loop_options.max_queue = options.max_queue;
   loop_options.log_steps = options.log_steps;
-  loop_options.overlap_steps = options.overlap_steps.value_or((*backend)->name() != "null");
+  loop_options.overlap_steps = options.overlap_steps.value_or(capabilities.overlap_pays);
   // The metrics see every loop event; a step that loses the device also
   // triggers the shutdown below.
   service::ShutdownTrigger shutdown;
@@ -432,18 +440,10 @@ int Serve(const ServerOptions& options) {
 }  // namespace coalesce
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  coalesce::ParseFlags(
+      argc, argv,
       "Serves a Llama-family model over gRPC, coalescing concurrent requests into "
       "shared batches.\nUsage: coalesce-server [--model=FILE|synthetic:NAME] [flags]");
-  // --help lists the flags of this file (Abseil's default looks for a file
-  // named after the binary, and would list none).
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view path) {
-    return absl::EndsWith(path, "service/main.cc");
-  };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage);
-  absl::ParseCommandLine(argc, argv);
   coalesce::service::RouteLibraryLogs();
   absl::StatusOr<coalesce::service::ServerOptions> options = coalesce::OptionsFromFlags();
   if (!options.ok()) {

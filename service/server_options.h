@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "batcher/engine_loop.h"
 #include "batcher/scheduler.h"
 #include "engine/precision.h"
 
@@ -26,10 +27,11 @@ struct ServerOptions {
   int metrics_port = 9090;              // 0: pick a free port; -1: off
   std::string model = "synthetic:15m";  // preset name or llama2.c file
   std::string tokenizer;                // tokenizer.bin (llama2.c models)
-  batcher::SchedulerConfig scheduler;
-  int max_batch_tokens = 2048;  // tokens per engine step
-  int max_queue = 1024;         // waiting requests at most
-  int threads = 0;              // 0: one per core
+  // The batcher's defaults, except that a request waits at most a minute.
+  batcher::SchedulerConfig scheduler{.max_queue_wait = absl::Seconds(60)};
+  int max_batch_tokens = batcher::EngineLoopOptions{}.max_batch_tokens;  // tokens per step
+  int max_queue = batcher::EngineLoopOptions{}.max_queue;                // waiting requests at most
+  int threads = 0;                                                       // 0: one per core
   Device device = Device::kAuto;
   // Weights and KV cache; nullopt is auto: bf16 on CUDA, fp32 on the CPU
   // (which computes only in fp32).

@@ -64,6 +64,9 @@ class CpuBackend final : public Backend {
   const ModelConfig& config() const override { return c_; }
   const KvCacheConfig& kv_cache() const override { return kv_; }
   std::string_view name() const override { return "cpu"; }
+  BackendCapabilities capabilities() const override {
+    return {.runs_model = true, .weights_in_host_memory = true, .overlap_pays = true};
+  }
 
  private:
   absl::Status Validate(const StepBatch& batch, std::span<float> logits);

@@ -207,7 +207,7 @@ TEST_P(PressureTest, QueueTimeoutFailsARequestNeverAdmitted) {
   ASSERT_TRUE(waiting->finished());
   StreamUpdate last = waiting->WaitFinal();
   EXPECT_EQ(last.status.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(last.status.message()), HasSubstr("max_queue_wait"));
+  EXPECT_THAT(std::string(last.status.message()), HasSubstr("queue wait limit"));
   EXPECT_EQ(observer_.rejected["queue_timeout"], 1);
   EXPECT_FALSE(running->finished());
 }

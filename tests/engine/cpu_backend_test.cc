@@ -84,6 +84,10 @@ TEST(CpuBackendTest, DescribesItself) {
   auto backend = MakeBackend(Stories(), 16, 8);
   ASSERT_NE(backend, nullptr);
   EXPECT_EQ(backend->name(), "cpu");
+  const BackendCapabilities caps = backend->capabilities();
+  EXPECT_TRUE(caps.runs_model);
+  EXPECT_TRUE(caps.weights_in_host_memory);
+  EXPECT_TRUE(caps.overlap_pays);
   EXPECT_EQ(backend->config().vocab_size, 512);
   EXPECT_EQ(backend->kv_cache().block_size, 16);
   EXPECT_EQ(backend->kv_cache().num_blocks, 8);

@@ -61,6 +61,12 @@ TEST(NullBackendTest, DescribesItselfAndReadsNothing) {
   EXPECT_EQ(b->config().vocab_size, 512);
   EXPECT_EQ(b->kv_cache().block_size, 4);
   EXPECT_EQ(b->kv_cache().num_blocks, 32);
+  // What the server asks instead of its name: no model run, nothing read
+  // from host memory, and steps too short for a step thread to pay.
+  const BackendCapabilities caps = b->capabilities();
+  EXPECT_FALSE(caps.runs_model);
+  EXPECT_FALSE(caps.weights_in_host_memory);
+  EXPECT_FALSE(caps.overlap_pays);
 }
 
 TEST(NullBackendTest, RejectsBadOptions) {

@@ -33,8 +33,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -42,6 +40,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coalesce/v1/generator.grpc.pb.h"
+#include "common/flags.h"
 #include "grpcpp/grpcpp.h"
 #include "tools/bench/report.h"
 #include "tools/bench/workload.h"
@@ -881,7 +880,8 @@ int Main() {
 }  // namespace coalesce::bench
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  coalesce::ParseFlags(
+      argc, argv,
       "Load generator for a coalesce server: closed loop (--concurrency) or open loop "
       "(--rate), reporting throughput, TTFT, inter-token and end-to-end latency "
       "percentiles, and goodput under --slo_ttft/--slo_itl.\n"
@@ -891,6 +891,5 @@ int main(int argc, char** argv) {
       "the end (or a flag did not parse: absl's own exit); 2 a flag value or workload the "
       "bench refuses, or an output file that cannot be written; 3 the server did not answer "
       "GetModelInfo.");
-  absl::ParseCommandLine(argc, argv);
   return coalesce::bench::Main();
 }

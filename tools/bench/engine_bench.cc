@@ -12,12 +12,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/flags.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/memory_bandwidth.h"
 #include "engine/sampler.h"
@@ -196,7 +195,6 @@ int Run() {
 }  // namespace coalesce
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Measures engine decode throughput by batch size.");
-  absl::ParseCommandLine(argc, argv);
+  coalesce::ParseFlags(argc, argv, "Measures engine decode throughput by batch size.");
   return coalesce::Run();
 }

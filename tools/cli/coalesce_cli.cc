@@ -10,10 +10,9 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "coalesce/v1/generator.grpc.pb.h"
+#include "common/flags.h"
 #include "grpcpp/grpcpp.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051", "Address of a coalesce server.");
@@ -95,10 +94,9 @@ int PrintInfo(Generator::Stub& stub) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Streams a generation from a coalesce server.\n"
-      "Usage: coalesce-cli --prompt='Once upon a time' [--concurrency=8] [flags]");
-  absl::ParseCommandLine(argc, argv);
+  coalesce::ParseFlags(argc, argv,
+                       "Streams a generation from a coalesce server.\n"
+                       "Usage: coalesce-cli --prompt='Once upon a time' [--concurrency=8] [flags]");
   auto channel =
       grpc::CreateChannel(absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials());
   auto stub = Generator::NewStub(channel);
