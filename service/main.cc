@@ -425,6 +425,7 @@ int Serve(const ServerOptions& options) {
   loop.Stop();
   grpc_shutdown.join();
   server->Wait();
+  absl::SleepFor(service::kCloseLinger);
   // After a lost device the signal thread still waits: wake it to end it.
   if (device_lost) pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();

@@ -25,6 +25,11 @@ inline constexpr absl::Duration kDeviceLostDrain = absl::Seconds(5);
 // final message (finish_reason CANCELLED, with usage) before gRPC cancels
 // what is left (a client that does not read).
 inline constexpr absl::Duration kFinalMessageTime = absl::Seconds(5);
+// Once every call has ended, how long the server keeps its connections
+// before it exits. gRPC leaves each open for its client to close (it has had
+// GOAWAY): a connection the server closed while the client had not yet read
+// its last frames would be reset, and the client would lose them.
+inline constexpr absl::Duration kCloseLinger = absl::Milliseconds(500);
 
 struct ShutdownReason {
   int exit_code = 0;
