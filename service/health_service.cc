@@ -25,6 +25,12 @@ class HealthService::WatchReactor
 
   enum class Action { kNone, kWrite, kFinish };
 
+  // For HealthService's own methods, which hold their mu_: tells the
+  // thread-safety analysis that this is the service whose mu_ is held.
+  void AssertServiceLockHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK(service_->mu_) {
+    service_->mu_.AssertHeld();
+  }
+
   // Decides what to do next; call Perform with the result after unlocking.
   Action NextActionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(service_->mu_) {
     if (write_in_flight_ || finish_called_) return Action::kNone;
@@ -142,6 +148,7 @@ void HealthService::NotifyAll() {
   {
     absl::MutexLock lock(&mu_);
     for (WatchReactor* watch : watches_) {
+      watch->AssertServiceLockHeld();
       const WatchReactor::Action action = watch->NextActionLocked();
       if (action != WatchReactor::Action::kNone) actions.emplace_back(watch, action);
     }
@@ -178,6 +185,7 @@ grpc::ServerWriteReactor<HealthCheckResponse>* HealthService::Watch(
   {
     absl::MutexLock lock(&mu_);
     watches_.insert(watch);
+    watch->AssertServiceLockHeld();
     action = watch->NextActionLocked();
   }
   watch->Perform(action);
