@@ -111,7 +111,7 @@ TEST_P(EngineLoopTest, LateArrivalJoinsTheRunningBatch) {
   backend_->step_delay_ = absl::Milliseconds(5);
   auto first = Submit(Request({0}, 12));
   // Wait until the first request is streaming, then add a second.
-  while (first->updates() < 2) absl::SleepFor(absl::Milliseconds(1));
+  first->WaitUpdates(2);
   auto second = Submit(Request({5}, 2));
   EXPECT_EQ(second->WaitFinal().finish_reason, FinishReason::kLength);
   first->WaitFinal();
@@ -153,7 +153,7 @@ TEST_P(EngineLoopTest, CancelFreesTheSlotAndBlocks) {
   backend_->step_delay_ = absl::Milliseconds(2);
   uint64_t id = 0;
   auto sink = Submit(Request({0}, 60), &id);
-  while (sink->updates() < 3) absl::SleepFor(absl::Milliseconds(1));
+  sink->WaitUpdates(3);
   loop_->Cancel(id, absl::CancelledError("client went away"));
   StreamUpdate last = sink->WaitFinal();
   EXPECT_EQ(last.status.code(), absl::StatusCode::kCancelled);

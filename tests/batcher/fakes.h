@@ -148,12 +148,23 @@ class Collector : public OutputSink {
     absl::MutexLock lock(&mu_);
     return updates_;
   }
+  // Waits until `n` updates have come, or the final one.
+  void WaitUpdates(int n) {
+    absl::MutexLock lock(&mu_);
+    wanted_ = n;
+    mu_.Await(absl::Condition(this, &Collector::HasWanted));
+  }
 
  private:
+  bool HasWanted() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return updates_ >= wanted_ || final_.has_value();
+  }
+
   absl::Mutex mu_;
   std::vector<int32_t> ids_ ABSL_GUARDED_BY(mu_);
   std::string text_ ABSL_GUARDED_BY(mu_);
   int updates_ ABSL_GUARDED_BY(mu_) = 0;
+  int wanted_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<StreamUpdate> final_ ABSL_GUARDED_BY(mu_);
 };
 

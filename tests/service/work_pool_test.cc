@@ -2,6 +2,7 @@
 
 #include <atomic>
 
+#include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
@@ -44,16 +45,16 @@ TEST(WorkPoolTest, SmallJobsRunWhileLargeOnesHoldEveryOtherThread) {
 
 TEST(WorkPoolTest, RefusesJobsBeyondItsQueue) {
   absl::Notification release;
-  std::atomic<int> started{0};
+  absl::BlockingCounter started(2);
   WorkPool pool(2, 3);
   // Two running jobs hold both threads; three more fill the queue.
   for (int i = 0; i < 2; ++i) {
     ASSERT_TRUE(pool.TryPost([&] {
-      ++started;
+      started.DecrementCount();
       release.WaitForNotification();
     }));
   }
-  while (started < 2) absl::SleepFor(absl::Milliseconds(1));
+  started.Wait();
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(pool.TryPost([] {}));
   EXPECT_FALSE(pool.TryPost([] {}));
   release.Notify();
