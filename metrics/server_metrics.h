@@ -1,6 +1,6 @@
 // The Prometheus metrics of a coalesce server. The engine loop reports to it
 // through batcher::LoopObserver; the service reports the requests it rejects
-// before they reach the loop. Every metric is documented in README.md.
+// before they reach the loop. Every metric is documented in docs/metrics.md.
 #pragma once
 
 #include <memory>

@@ -177,14 +177,14 @@ WINDOW_TTFT_BUDGET_MS = 10.0
 # The issue's target for iteration-level against static batching.
 STATIC_TARGET_RATIO = 2.0
 # --batching modes of the static section: iteration-level, then the two
-# static baselines (README, How requests are batched).
+# static baselines (docs/batching.md).
 STATIC_MODES = ("continuous", "static_padded", "static")
 STATIC_LABELS = {"continuous": "iteration-level (continuous)",
                  "static_padded": "static, padded (classic)",
                  "static": "static, finished rows dropped"}
 
 # KV bytes per token position of each synthetic model in fp32:
-# 2 (K and V) x layers x KV dim x 4 bytes (README, "The embedded synthetic
+# 2 (K and V) x layers x KV dim x 4 bytes (docs/engines.md, "The embedded synthetic
 # models"). Used to size --kv_cache_memory to what a grid point needs instead
 # of the CPU default (max_batch_size full-context sequences, up to a quarter
 # of RAM, which at --max_batch_size=256 is gigabytes).
@@ -825,7 +825,7 @@ def write_docs(results, doc_path, img_files):
     L.append("Every point starts its own `coalesce-server` on free ports (`--port=0 "
              "--metrics_port=0`), waits for the health service to say `SERVING`, runs "
              "`coalesce-bench`, and stops the server. The server and the load generator share "
-             "the machine's CPUs, as they do in the README's other measurements; a point of a "
+             "the machine's CPUs, as they do in docs/performance.md's measurements; a point of a "
              "few seconds on a shared machine varies by about 10% from run to run. "
              "Throughput is generated tokens over the measured time (which includes the drain "
              "at the end); latencies are coalesce-bench's (`tools/bench/report.h`).\n")
