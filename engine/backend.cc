@@ -8,6 +8,12 @@
 namespace coalesce::engine {
 
 // Declared in backend.h.
+// Every backend (CPU, CUDA) uses the same per-block layout: K and V for every
+// layer, block_size positions of kv_dim elements each.
+int64_t KvBlockBytes(const ModelConfig& config, int block_size, Precision precision) {
+  return int64_t{2} * config.n_layers * block_size * config.kv_dim() * PrecisionBytes(precision);
+}
+
 absl::Status ValidateModel(const Model& model, bool check_weights) {
   const ModelConfig& c = model.config;
   if (c.dim <= 0 || c.hidden_dim <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 ||

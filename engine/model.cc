@@ -5,8 +5,6 @@
 #include <numbers>
 #include <vector>
 
-#include "engine/backend.h"
-
 namespace coalesce::engine {
 
 int64_t ModelConfig::num_parameters() const {
@@ -46,13 +44,6 @@ std::vector<float> RopeInverseFrequencies(const ModelConfig& config) {
     }
   }
   return inv_freq;
-}
-
-// Declared in backend.h; lives here because it depends only on the shape, and
-// every backend (CPU, CUDA) uses the same per-block layout: K and V for every
-// layer, block_size positions of kv_dim elements each.
-int64_t KvBlockBytes(const ModelConfig& config, int block_size, Precision precision) {
-  return int64_t{2} * config.n_layers * block_size * config.kv_dim() * PrecisionBytes(precision);
 }
 
 }  // namespace coalesce::engine
