@@ -48,8 +48,8 @@
 #include "common/clock.h"
 #include "engine/backend.h"
 #include "engine/sampler.h"
-#include "engine/text_stream.h"
-#include "engine/tokenizer.h"
+#include "engine/tokenizer/text_stream.h"
+#include "engine/tokenizer/tokenizer.h"
 
 namespace coalesce::batcher {
 

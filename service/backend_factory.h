@@ -7,7 +7,7 @@
 // --device=cpu is the CPU; --device=auto is the GPU when usable, else the CPU
 // with one log line saying why. --dtype=auto is bf16 on CUDA and fp32 on the
 // CPU, which computes only in fp32. --device=null is the null backend
-// (engine/null_backend.h): no arithmetic, for measuring the server's own
+// (engine/null/null_backend.h): no arithmetic, for measuring the server's own
 // cost, with meaningless output; it never touches the CUDA driver, has no
 // precision (only --dtype=auto) and never emits the tokenizer's EOS ids.
 //
@@ -30,7 +30,7 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/model.h"
-#include "engine/null_backend.h"
+#include "engine/null/null_backend.h"
 #include "service/server_options.h"
 
 namespace coalesce::service {

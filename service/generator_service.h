@@ -14,7 +14,7 @@
 #include "batcher/engine_loop.h"
 #include "coalesce/v1/generator.grpc.pb.h"
 #include "engine/backend.h"
-#include "engine/tokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "metrics/server_metrics.h"
 #include "service/validation.h"
 #include "service/work_pool.h"

@@ -17,6 +17,7 @@
 #include "common/flags.h"
 #include "common/log.h"
 #include "engine/cpu/memory_bandwidth.h"
+#include "engine/model/load.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "service/backend_factory.h"
@@ -24,7 +25,6 @@
 #include "service/health_service.h"
 #include "service/library_logs.h"
 #include "service/listen_check.h"
-#include "service/model_loader.h"
 #include "service/server_options.h"
 #include "service/shutdown.h"
 
@@ -234,8 +234,8 @@ sigset_t ShutdownSignals() {
 int Serve(const ServerOptions& options) {
   // 1. The model.
   const absl::Time load_start = absl::Now();
-  absl::StatusOr<service::LoadedModel> loaded =
-      service::LoadModel(options.model, options.tokenizer);
+  absl::StatusOr<engine::LoadedModel> loaded =
+      engine::LoadModel({.model = options.model, .tokenizer = options.tokenizer});
   if (!loaded.ok()) {
     Log(LogLevel::kError, absl::StrCat("cannot load the model: ", loaded.status().message()));
     return 1;

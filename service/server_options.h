@@ -15,7 +15,7 @@ namespace coalesce::service {
 
 // Where the model runs (--device). kAuto: the GPU when one is usable, else
 // the CPU (service/backend_factory.h decides). kNull: nowhere, the null
-// backend (engine/null_backend.h), which does no arithmetic, for measuring
+// backend (engine/null/null_backend.h), which does no arithmetic, for measuring
 // the server's own cost; its output is meaningless.
 enum class Device { kAuto, kCpu, kCuda, kNull };
 const char* DeviceName(Device device);                        // "auto", "cpu", "cuda", "null"

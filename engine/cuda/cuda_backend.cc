@@ -28,7 +28,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cmath>
@@ -43,168 +42,25 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "engine/cuda/kernels.h"
+#include "engine/cuda/runtime.h"
 
 namespace coalesce::engine {
 namespace {
 
-// ---------------------------------------------------------------------------
-// Errors
-// ---------------------------------------------------------------------------
+using cuda::CublasApi;
+using cuda::CublasError;
+using cuda::DeviceBuffer;
+using cuda::LoadCublas;
+using cuda::PinnedBuffer;
 
-// Errors after which the CUDA context is unusable: every later call fails.
-bool IsStickyError(cudaError_t error) {
-  switch (error) {
-    case cudaErrorIllegalAddress:
-    case cudaErrorLaunchFailure:
-    case cudaErrorHardwareStackError:
-    case cudaErrorIllegalInstruction:
-    case cudaErrorMisalignedAddress:
-    case cudaErrorInvalidAddressSpace:
-    case cudaErrorInvalidPc:
-    case cudaErrorECCUncorrectable:
-    case cudaErrorAssert:
-    case cudaErrorLaunchTimeout:
-    case cudaErrorUnknown:
-      return true;
-    default:
-      return false;
-  }
-}
-
-// "cudaMalloc: cudaErrorMemoryAllocation (out of memory)"; `call` is the
-// checked expression, of which the function name is kept.
-absl::Status CudaError(cudaError_t error, std::string_view call) {
-  const absl::StatusCode code =
-      IsStickyError(error) ? kDeviceLostCode : absl::StatusCode::kInternal;
-  return absl::Status(
-      code, absl::StrCat(std::string(call.substr(0, call.find('('))), ": ", cudaGetErrorName(error),
-                         " (", cudaGetErrorString(error), ")"));
-}
-
-// ---------------------------------------------------------------------------
-// cuBLAS, loaded rather than linked
-// ---------------------------------------------------------------------------
-
-// cuBLAS is opened with dlopen when the first CUDA backend is made instead of
-// being linked into the server: libcublasLt holds 92 KiB of static
-// thread-local storage, which glibc takes out of the stack of every thread a
-// process with it linked creates, and the metrics server (civetweb) starts
-// its threads with stacks of about 100 KiB, so they fail to start. A library
-// opened with dlopen gets its thread-local storage allocated apart.
-struct CublasApi {
-  decltype(&cublasCreate_v2) create;
-  decltype(&cublasDestroy_v2) destroy;
-  decltype(&cublasSetStream_v2) set_stream;
-  decltype(&cublasSetWorkspace_v2) set_workspace;
-  // cublasGemmEx has a C++ overload (cudaDataType compute type): name the C one.
-  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
-                            const void*, const void*, cudaDataType, int, const void*, cudaDataType,
-                            int, const void*, void*, cudaDataType, int, cublasComputeType_t,
-                            cublasGemmAlgo_t);
-  decltype(&cublasGetStatusName) status_name;
-  decltype(&cublasGetStatusString) status_string;
-};
-
-absl::StatusOr<const CublasApi*> LoadCublas() {
-  static const absl::StatusOr<CublasApi> api = []() -> absl::StatusOr<CublasApi> {
-    const std::string name = absl::StrCat("libcublas.so.", CUBLAS_VER_MAJOR);
-    void* library = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (library == nullptr) {
-      return absl::UnavailableError(absl::StrCat("cannot load cuBLAS: ", dlerror()));
-    }
-    CublasApi a{};
-    std::string missing;
-    auto bind = [&](auto& function, const char* symbol) {
-      function =
-          reinterpret_cast<std::remove_reference_t<decltype(function)>>(dlsym(library, symbol));
-      if (function == nullptr) absl::StrAppend(&missing, " ", symbol);
-    };
-    bind(a.create, "cublasCreate_v2");
-    bind(a.destroy, "cublasDestroy_v2");
-    bind(a.set_stream, "cublasSetStream_v2");
-    bind(a.set_workspace, "cublasSetWorkspace_v2");
-    bind(a.gemm_ex, "cublasGemmEx");
-    bind(a.status_name, "cublasGetStatusName");
-    bind(a.status_string, "cublasGetStatusString");
-    if (!missing.empty()) {
-      return absl::UnavailableError(absl::StrCat(name, " lacks", missing));
-    }
-    return a;  // the library stays loaded for the life of the process
-  }();
-  if (!api.ok()) return api.status();
-  return &*api;
-}
-
-absl::Status CublasError(const CublasApi& api, cublasStatus_t status, std::string_view call) {
-  return absl::InternalError(absl::StrCat(std::string(call.substr(0, call.find('('))), ": ",
-                                          api.status_name(status), " (", api.status_string(status),
-                                          ")"));
-}
-
-#define CUDA_RETURN_IF_ERROR(expr)                              \
-  do {                                                          \
-    if (const cudaError_t err_ = (expr); err_ != cudaSuccess) { \
-      return CudaError(err_, #expr);                            \
-    }                                                           \
-  } while (false)
-
+// CUDA_RETURN_IF_ERROR comes with runtime.h; this one reports through the
+// backend's cublas_api_.
 #define CUBLAS_RETURN_IF_ERROR(expr)                                       \
   do {                                                                     \
     if (const cublasStatus_t st_ = (expr); st_ != CUBLAS_STATUS_SUCCESS) { \
       return CublasError(*cublas_api_, st_, #expr);                        \
     }                                                                      \
   } while (false)
-
-// ---------------------------------------------------------------------------
-// Memory
-// ---------------------------------------------------------------------------
-
-// One cudaMalloc allocation, freed with the object.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  absl::Status Allocate(size_t bytes) {
-    CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr_, std::max<size_t>(bytes, 16)));
-    bytes_ = bytes;
-    return absl::OkStatus();
-  }
-  template <typename U>
-  U* get() const {
-    return static_cast<U*>(ptr_);
-  }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-// Page-locked host memory, so that copies to and from it are asynchronous.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  ~PinnedBuffer() {
-    if (ptr_ != nullptr) cudaFreeHost(ptr_);
-  }
-  absl::Status Allocate(size_t bytes) {
-    CUDA_RETURN_IF_ERROR(cudaMallocHost(&ptr_, std::max<size_t>(bytes, 16)));
-    return absl::OkStatus();
-  }
-  template <typename U>
-  U* get() const {
-    return static_cast<U*>(ptr_);
-  }
-
- private:
-  void* ptr_ = nullptr;
-};
 
 // One layer's weights on the device; T is the backend's storage type.
 struct Layer {

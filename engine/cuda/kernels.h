@@ -1,8 +1,16 @@
 // The CUDA backend's own kernels, as host functions that enqueue them on a
 // stream. Every pointer is device memory. `T` is the storage type of weights,
 // activations fed to cuBLAS and the KV cache: float, __half or
-// __nv_bfloat16 (instantiated for those three in kernels.cu); arithmetic is
-// float throughout. The residual stream and every cuBLAS output are float.
+// __nv_bfloat16 (instantiated for those three beside each definition);
+// arithmetic is float throughout. The residual stream and every cuBLAS output
+// are float.
+//
+// Where each family is defined:
+//   elementwise.cu  EmbedTokens, RmsNorm, SwiGlu, ConvertFromFloat, FillUniform
+//   attention.cu    RopeAndCacheKv, ConfigureAttention, PagedAttention
+//   gemm.cu         SkinnyGemm
+//   sampling.cu     SampleTokens, CheckKernelImage
+// with the device helpers they share in device_helpers.cuh.
 //
 // Layouts follow the CPU backend (cpu/cpu_backend.cc): rows are tokens,
 // sequence after sequence; a head's rotary pairs are interleaved

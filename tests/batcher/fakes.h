@@ -14,7 +14,7 @@
 #include "absl/time/clock.h"
 #include "batcher/request.h"
 #include "engine/backend.h"
-#include "engine/tokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 
 namespace coalesce::batcher {

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/llama2c.h"
-#include "engine/synthetic.h"
+#include "engine/model/llama2c.h"
+#include "engine/model/synthetic.h"
 
 namespace coalesce::engine {
 namespace {

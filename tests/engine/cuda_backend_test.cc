@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "engine/cpu/cpu_backend.h"
-#include "engine/llama2c.h"
+#include "engine/model/llama2c.h"
 #include "tests/engine/cuda_test_support.h"
 
 namespace coalesce::engine {

@@ -13,8 +13,9 @@
 #include <vector>
 
 #include "engine/cpu/cpu_backend.h"
-#include "engine/llama2c.h"
+#include "engine/model/llama2c.h"
 #include "engine/sampler.h"
+#include "engine/tokenizer/llama2c_tokenizer.h"
 
 namespace coalesce::engine {
 namespace {

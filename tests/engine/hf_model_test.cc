@@ -2,7 +2,7 @@
 // proves the q/k permutation), the llama2.c weights it was converted from,
 // dtype conversion, config handling, and corrupt folders written here, each
 // of which must fail with a message naming the file and the problem.
-#include "engine/hf_model.h"
+#include "engine/model/hf_model.h"
 
 #include <gtest/gtest.h>
 
@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "engine/cpu/cpu_backend.h"
-#include "engine/llama2c.h"
-#include "engine/safetensors.h"
+#include "engine/model/llama2c.h"
+#include "engine/model/safetensors.h"
 #include "engine/sampler.h"
 
 namespace coalesce::engine {

@@ -2,7 +2,7 @@
 // llama.cpp's vocab test vectors, streaming, and the errors for missing,
 // malformed and unsupported files. tests/engine/test_tokenizer_parity.py
 // compares thousands more strings with HF `tokenizers` itself.
-#include "engine/hf_tokenizer.h"
+#include "engine/tokenizer/hf_tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/text_stream.h"
+#include "engine/tokenizer/text_stream.h"
 
 namespace coalesce::engine {
 namespace {

@@ -1,7 +1,7 @@
 // LoadLlama2cModel on small checkpoints written by the test: where each tensor
 // starts (run.c's memory_map_weights order), tied and untied classifiers, and
 // the errors for inconsistent or truncated files.
-#include "engine/llama2c.h"
+#include "engine/model/llama2c.h"
 
 #include <gtest/gtest.h>
 

@@ -1,8 +1,8 @@
-// The null backend (engine/null_backend.h): deterministic tokens that depend
+// The null backend (engine/null/null_backend.h): deterministic tokens that depend
 // only on each sequence's last token and position, never an id it must avoid,
 // Step's logits agreeing with StepAndSample, every bad step refused as a real
 // backend refuses it, and nothing read or held.
-#include "engine/null_backend.h"
+#include "engine/null/null_backend.h"
 
 #include <gtest/gtest.h>
 
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/model/synthetic.h"
 #include "engine/sampler.h"
-#include "engine/synthetic.h"
 
 namespace coalesce::engine {
 namespace {

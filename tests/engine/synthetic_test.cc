@@ -1,6 +1,6 @@
 // Synthetic presets: deterministic weights and vocabulary, and output that is
 // random but not degenerate.
-#include "engine/synthetic.h"
+#include "engine/model/synthetic.h"
 
 #include <gtest/gtest.h>
 

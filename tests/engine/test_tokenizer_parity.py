@@ -577,7 +577,7 @@ def _code_point_probes(chunk):
 def test_normalizer_every_code_point(form, tmp_path):
     """The normalizer alone, on GPT-2's byte-level vocabulary: decoding gives
     back the normalized text exactly, which must be HF's normalize_str. A
-    mismatch names the characters engine/hf_tokenizer_text.cc's kUnknownToHf
+    mismatch names the characters engine/tokenizer/hf_tokenizer_text.cc's kUnknownToHf
     lacks (a utf8proc with a newer Unicode) or has too many."""
     assert CLI and Path(CLI).is_file(), "COALESCE_TOKENIZE must name coalesce-tokenize"
     assert MODELS.is_dir(), "COALESCE_MODELS_DIR must name the shared models folder"

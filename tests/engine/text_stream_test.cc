@@ -1,6 +1,6 @@
 // TextStream: UTF-8 assembly across tokens and stop sequences that may span
 // tokens, checked against a whole-string reference.
-#include "engine/text_stream.h"
+#include "engine/tokenizer/text_stream.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // Llama2cTokenizer (run.c's encode/decode rules) and the UTF-8 helpers every
 // tokenizer's output goes through.
-#include "engine/tokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/llama2c.h"
+#include "engine/tokenizer/llama2c_tokenizer.h"
 
 namespace coalesce::engine {
 namespace {

@@ -16,7 +16,7 @@
 #include <string>
 #include <string_view>
 
-#include "engine/hf_model.h"
+#include "engine/model/hf_model.h"
 
 namespace {
 

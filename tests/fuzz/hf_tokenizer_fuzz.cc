@@ -17,8 +17,8 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/hf_tokenizer.h"
-#include "engine/text_stream.h"
+#include "engine/tokenizer/hf_tokenizer.h"
+#include "engine/tokenizer/text_stream.h"
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <string>
 
-#include "engine/llama2c.h"
+#include "engine/model/llama2c.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string path = "/dev/shm/coalesce-fuzz-model-" + std::to_string(getpid());

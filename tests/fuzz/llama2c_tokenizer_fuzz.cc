@@ -8,9 +8,9 @@
 #include <string>
 #include <string_view>
 
-#include "engine/llama2c.h"
-#include "engine/synthetic.h"
-#include "engine/text_stream.h"
+#include "engine/model/synthetic.h"
+#include "engine/tokenizer/llama2c_tokenizer.h"
+#include "engine/tokenizer/text_stream.h"
 
 namespace {
 

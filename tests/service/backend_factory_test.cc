@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "engine/synthetic.h"
+#include "engine/model/synthetic.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "service/fault_injection.h"

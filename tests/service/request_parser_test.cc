@@ -6,7 +6,7 @@
 #include <string>
 
 #include "coalesce/v1/generator.pb.h"
-#include "engine/tokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

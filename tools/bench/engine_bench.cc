@@ -19,10 +19,11 @@
 #include "common/flags.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/memory_bandwidth.h"
+#include "engine/model/load.h"
 #include "engine/sampler.h"
-#include "engine/synthetic.h"
 
-ABSL_FLAG(std::string, model, "synthetic:15m", "A synthetic preset.");
+ABSL_FLAG(std::string, model, "synthetic:15m",
+          "The model: synthetic:NAME, a Hugging Face folder or a llama2.c checkpoint.");
 ABSL_FLAG(std::string, batch_sizes, "1,2,4,8,16,32,64", "Comma-separated batch sizes.");
 ABSL_FLAG(int, context, 128, "Tokens already in each sequence's cache when decoding.");
 ABSL_FLAG(int, steps, 16, "Decode steps measured per batch size.");
@@ -72,9 +73,10 @@ double SgemmRate(int threads) {
 }
 
 int Run() {
-  absl::StatusOr<engine::Model> model = engine::BuildSyntheticModel(absl::GetFlag(FLAGS_model));
-  if (!model.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(model.status().message()).c_str());
+  absl::StatusOr<engine::LoadedModel> loaded =
+      engine::LoadModel({.model = absl::GetFlag(FLAGS_model)});
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(loaded.status().message()).c_str());
     return 1;
   }
   std::vector<int> sizes;
@@ -97,8 +99,8 @@ int Run() {
   }
   const int block_size = 16;
   const int blocks_per_seq = (context + steps + block_size) / block_size;
-  const engine::ModelConfig config = model->config;
-  auto shared = std::make_shared<const engine::Model>(*std::move(model));
+  const engine::ModelConfig config = loaded->model->config;
+  const std::shared_ptr<const engine::Model> shared = loaded->model;
   engine::CpuBackendOptions options;
   options.kv_cache = {block_size, max_batch * blocks_per_seq};
   options.threads = absl::GetFlag(FLAGS_threads);

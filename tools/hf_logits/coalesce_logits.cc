@@ -24,7 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "engine/cpu/cpu_backend.h"
-#include "engine/hf_model.h"
+#include "engine/model/hf_model.h"
 #include "engine/sampler.h"
 
 namespace coalesce::engine {

@@ -27,10 +27,11 @@
 #include "common/flags.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cuda/cuda_backend.h"
-#include "engine/synthetic.h"
+#include "engine/model/load.h"
 
 ABSL_FLAG(std::string, device, "cpu", "Backend: cpu or cuda.");
-ABSL_FLAG(std::string, model, "synthetic:15m", "An embedded synthetic model (synthetic:NAME).");
+ABSL_FLAG(std::string, model, "synthetic:15m",
+          "The model: synthetic:NAME, a Hugging Face folder or a llama2.c checkpoint.");
 ABSL_FLAG(int, batch, 64, "Requests per round, all in one batch.");
 ABSL_FLAG(int, prompt, 16, "Prompt tokens per request.");
 ABSL_FLAG(int, tokens, 128, "Tokens generated per request.");
@@ -176,19 +177,17 @@ int Main() {
     std::fprintf(stderr, "coalesce-loop-bench: bad flag value (see --help)\n");
     return 2;
   }
-  absl::StatusOr<engine::Model> model = engine::BuildSyntheticModel(o.model);
-  if (!model.ok()) {
-    std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
+  absl::StatusOr<engine::LoadedModel> loaded = engine::LoadModel({.model = o.model});
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "%s\n", loaded.status().ToString().c_str());
     return 1;
   }
-  const int vocab = model->config.vocab_size;
-  auto shared = std::make_shared<const engine::Model>(*std::move(model));
-  absl::StatusOr<std::unique_ptr<engine::Backend>> backend = MakeBackend(o, shared);
+  absl::StatusOr<std::unique_ptr<engine::Backend>> backend = MakeBackend(o, loaded->model);
   if (!backend.ok()) {
     std::fprintf(stderr, "%s\n", backend.status().ToString().c_str());
     return 1;
   }
-  const std::unique_ptr<engine::Tokenizer> tokenizer = engine::BuildSyntheticTokenizer(vocab);
+  const engine::Tokenizer& tokenizer = *loaded->tokenizer;
   std::printf(
       "## The engine loop with and without --overlap_steps: %s on %s, %d requests of %d + %d "
       "tokens, %d us of host work per streamed update\n\n| round | overlap off tokens/s | "
@@ -196,12 +195,12 @@ int Main() {
       o.model.c_str(), (*backend)->name().data(), o.batch, o.prompt, o.tokens, o.deliver_us);
   // The warm-up's outputs are the reference: greedy decoding of the same
   // steps gives the same tokens, overlapped or not.
-  const RoundResult reference = Round(o, backend->get(), *tokenizer, false);
+  const RoundResult reference = Round(o, backend->get(), tokenizer, false);
   std::vector<double> ratios;
   for (int r = 0; r < o.rounds; ++r) {
     // Alternating, so that a drift of the machine's speed hits both.
-    const RoundResult off = Round(o, backend->get(), *tokenizer, false);
-    const RoundResult on = Round(o, backend->get(), *tokenizer, true);
+    const RoundResult off = Round(o, backend->get(), tokenizer, false);
+    const RoundResult on = Round(o, backend->get(), tokenizer, true);
     CheckSameOutputs(reference, off, "overlap off");
     CheckSameOutputs(reference, on, "overlap on");
     const double ratio = on.tokens_per_second / off.tokens_per_second;

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/hf_tokenizer.h"
+#include "engine/tokenizer/hf_tokenizer.h"
 
 namespace coalesce::engine {
 namespace {

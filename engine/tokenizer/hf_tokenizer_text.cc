@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/hf_tokenizer_internal.h"
+#include "engine/tokenizer/hf_tokenizer_internal.h"
 
 namespace coalesce::engine::hf {
 

@@ -1,4 +1,4 @@
-#include "engine/null_backend.h"
+#include "engine/null/null_backend.h"
 
 #include <algorithm>
 #include <string_view>

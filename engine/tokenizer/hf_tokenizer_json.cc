@@ -8,8 +8,8 @@
 
 #include "absl/status/status.h"
 #include "common/status_macros.h"
-#include "engine/hf_tokenizer_internal.h"
 #include "engine/json_depth.h"
+#include "engine/tokenizer/hf_tokenizer_internal.h"
 #include "nlohmann/json.hpp"
 
 namespace coalesce::engine::hf {

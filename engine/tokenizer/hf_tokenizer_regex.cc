@@ -1,4 +1,4 @@
-#include "engine/hf_tokenizer_regex.h"
+#include "engine/tokenizer/hf_tokenizer_regex.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/hf_tokenizer.h"
-#include "engine/hf_tokenizer_regex.h"
+#include "engine/tokenizer/hf_tokenizer.h"
+#include "engine/tokenizer/hf_tokenizer_regex.h"
 
 namespace coalesce::engine::hf {
 

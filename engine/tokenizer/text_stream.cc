@@ -1,4 +1,4 @@
-#include "engine/text_stream.h"
+#include "engine/tokenizer/text_stream.h"
 
 #include <algorithm>
 #include <string_view>

@@ -1,10 +1,8 @@
-#include "engine/safetensors.h"
+#include "engine/model/safetensors.h"
 
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
@@ -12,7 +10,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/json_depth.h"
-#include "engine/mapped_file.h"
+#include "engine/model/json_file.h"
+#include "engine/model/mapped_file.h"
 
 namespace coalesce::engine {
 namespace {
@@ -110,21 +109,6 @@ absl::StatusOr<SafetensorsTensor> ParseEntry(const std::string& name, const Json
   }
   t.num_bytes = static_cast<int64_t>(end - *begin);
   return t;
-}
-
-absl::StatusOr<Json> ReadJsonFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  }
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (JsonNestsDeeperThan(text, kMaxJsonDepth)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": JSON nested more than ", kMaxJsonDepth, " levels deep"));
-  }
-  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": malformed JSON"));
-  return j;
 }
 
 }  // namespace

@@ -9,7 +9,7 @@
 // Decoding runs the decoder chain on each token alone, once as the first
 // token of the text and once as a later one (see hf_tokenizer.h for what that
 // guarantees).
-#include "engine/hf_tokenizer.h"
+#include "engine/tokenizer/hf_tokenizer.h"
 
 #include <algorithm>
 #include <array>
@@ -20,7 +20,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
-#include "engine/hf_tokenizer_internal.h"
+#include "engine/tokenizer/hf_tokenizer_internal.h"
 
 namespace coalesce::engine {
 namespace hf {

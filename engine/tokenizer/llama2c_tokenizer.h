@@ -1,21 +1,19 @@
-// llama2.c's formats: the checkpoint (7 int32 header fields, then float32
-// weights) and tokenizer.bin (max_token_length, then score/length/bytes per
-// token). See karpathy/llama2.c run.c.
+// llama2.c's tokenizer.bin: max_token_length, then score/length/bytes per
+// token. See karpathy/llama2.c run.c.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
 
 namespace coalesce::engine {
-
-// Loads a llama2.c checkpoint. A negative vocab_size in the header means an
-// untied classifier follows the weights. Every size is checked against the
-// file's length: a truncated or inconsistent file is an error naming the file.
-absl::StatusOr<Model> LoadLlama2cModel(const std::string& path);
 
 // A SentencePiece-style BPE vocabulary in llama2.c's layout: id 0 <unk>,
 // 1 BOS, 2 EOS, 3..258 the byte-fallback tokens <0x00>..<0xFF>, then pieces.

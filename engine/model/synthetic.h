@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/llama2c.h"
 #include "engine/model.h"
+#include "engine/tokenizer/llama2c_tokenizer.h"
 
 namespace coalesce::engine {
 

@@ -1,12 +1,10 @@
-#include "engine/hf_model.h"
+#include "engine/model/hf_model.h"
 
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -19,8 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "engine/json_depth.h"
-#include "engine/safetensors.h"
+#include "engine/model/json_file.h"
+#include "engine/model/safetensors.h"
 
 namespace coalesce::engine {
 namespace {
@@ -106,16 +104,9 @@ class Fields {
   const std::string path_;
 };
 
-absl::StatusOr<Json> ReadJson(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (JsonNestsDeeperThan(text, kMaxJsonDepth)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": JSON nested more than ", kMaxJsonDepth, " levels deep"));
-  }
-  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": malformed JSON"));
+// config.json and generation_config.json are objects.
+absl::StatusOr<Json> ReadJsonObject(const std::string& path) {
+  ASSIGN_OR_RETURN(Json j, ReadJsonFile(path));
   if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
   return j;
 }
@@ -249,7 +240,7 @@ absl::StatusOr<ModelConfig> ParseConfig(const std::string& dir, const Json& j) {
   const std::string gen_path = (fs::path(dir) / "generation_config.json").string();
   std::error_code ec;
   if (fs::exists(gen_path, ec)) {
-    ASSIGN_OR_RETURN(const Json gen_json, ReadJson(gen_path));
+    ASSIGN_OR_RETURN(const Json gen_json, ReadJsonObject(gen_path));
     const Fields gen(gen_json, gen_path);
     ASSIGN_OR_RETURN(auto gen_bos, gen.TokenIds("bos_token_id"));
     ASSIGN_OR_RETURN(auto gen_eos, gen.TokenIds("eos_token_id"));
@@ -440,7 +431,7 @@ absl::Status LoadWeights(const ModelConfig& c, const SafetensorsCheckpoint& chec
 
 absl::StatusOr<Model> Load(const std::string& dir, const HfLoadOptions& options) {
   const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
-  ASSIGN_OR_RETURN(const Json config_json, ReadJson(config_path));
+  ASSIGN_OR_RETURN(const Json config_json, ReadJsonObject(config_path));
   Model model;
   ASSIGN_OR_RETURN(model.config, ParseConfig(dir, config_json));
   ASSIGN_OR_RETURN(const SafetensorsCheckpoint checkpoint, SafetensorsCheckpoint::Open(dir));

@@ -1,4 +1,4 @@
-#include "service/model_loader.h"
+#include "engine/model/load.h"
 
 #include <filesystem>
 
@@ -6,27 +6,31 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "engine/hf_model.h"
-#include "engine/hf_tokenizer.h"
-#include "engine/llama2c.h"
-#include "engine/synthetic.h"
+#include "engine/model/llama2c.h"
+#include "engine/model/synthetic.h"
+#include "engine/tokenizer/llama2c_tokenizer.h"
+#if COALESCE_HF_FORMATS
+#include "engine/model/hf_model.h"
+#include "engine/tokenizer/hf_tokenizer.h"
+#endif
 
-namespace coalesce::service {
+namespace coalesce::engine {
 namespace {
 
 absl::StatusOr<LoadedModel> LoadSynthetic(const std::string& name) {
   LoadedModel out;
-  ASSIGN_OR_RETURN(engine::Model model, engine::BuildSyntheticModel(name));
-  out.tokenizer = engine::BuildSyntheticTokenizer(model.config.vocab_size);
-  out.model = std::make_shared<const engine::Model>(std::move(model));
+  ASSIGN_OR_RETURN(Model model, BuildSyntheticModel(name));
+  out.tokenizer = BuildSyntheticTokenizer(model.config.vocab_size);
+  out.model = std::make_shared<const Model>(std::move(model));
   return out;
 }
 
+#if COALESCE_HF_FORMATS
 // Weights and config, then tokenizer.json with the end-of-sequence ids the
 // model's config names.
 absl::StatusOr<LoadedModel> LoadHfFolder(const std::string& dir,
                                          const std::string& tokenizer_path) {
-  engine::HfLoadOptions load;
+  HfLoadOptions load;
   int last_decile = 0;
   load.progress = [&last_decile](int64_t done, int64_t total) {
     if (total < (int64_t{256} << 20)) return;  // small models load at once
@@ -37,40 +41,47 @@ absl::StatusOr<LoadedModel> LoadHfFolder(const std::string& dir,
     }
   };
   LoadedModel out;
-  ASSIGN_OR_RETURN(engine::Model model, engine::LoadHfModel(dir, load));
-  engine::HfTokenizerOptions tokenizer_options;
+  ASSIGN_OR_RETURN(Model model, LoadHfModel(dir, load));
+  HfTokenizerOptions tokenizer_options;
   if (!model.config.eos_token_ids.empty()) tokenizer_options.eos_ids = model.config.eos_token_ids;
   const std::string path = tokenizer_path.empty() ? dir + "/tokenizer.json" : tokenizer_path;
-  ASSIGN_OR_RETURN(out.tokenizer, engine::LoadHfTokenizer(path, tokenizer_options));
+  ASSIGN_OR_RETURN(out.tokenizer, LoadHfTokenizer(path, tokenizer_options));
   if (out.tokenizer->vocab_size() > model.config.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat(path, " has ", out.tokenizer->vocab_size(),
                                                    " tokens but the model's vocab_size is ",
                                                    model.config.vocab_size));
   }
-  out.model = std::make_shared<const engine::Model>(std::move(model));
+  out.model = std::make_shared<const Model>(std::move(model));
   return out;
 }
+#else
+absl::StatusOr<LoadedModel> LoadHfFolder(const std::string& dir, const std::string&) {
+  return absl::UnimplementedError(absl::StrCat(
+      dir,
+      " is a folder (a Hugging Face model?), but this build has no Hugging Face formats "
+      "(-DCOALESCE_HF_FORMATS=OFF)"));
+}
+#endif
 
 absl::StatusOr<LoadedModel> LoadLlama2c(const std::string& checkpoint,
                                         const std::string& tokenizer_path) {
   LoadedModel out;
-  ASSIGN_OR_RETURN(engine::Model model, engine::LoadLlama2cModel(checkpoint));
+  ASSIGN_OR_RETURN(Model model, LoadLlama2cModel(checkpoint));
   std::string path = tokenizer_path;
   if (path.empty()) {
     path = (std::filesystem::path(checkpoint).parent_path() / "tokenizer.bin").string();
   }
-  ASSIGN_OR_RETURN(out.tokenizer, engine::LoadLlama2cTokenizer(path, model.config.vocab_size));
-  out.model = std::make_shared<const engine::Model>(std::move(model));
+  ASSIGN_OR_RETURN(out.tokenizer, LoadLlama2cTokenizer(path, model.config.vocab_size));
+  out.model = std::make_shared<const Model>(std::move(model));
   return out;
 }
 
 }  // namespace
 
-absl::StatusOr<LoadedModel> LoadModel(const std::string& model_path,
-                                      const std::string& tokenizer_path) {
-  if (absl::StartsWith(model_path, "synthetic:")) return LoadSynthetic(model_path);
-  if (std::filesystem::is_directory(model_path)) return LoadHfFolder(model_path, tokenizer_path);
-  return LoadLlama2c(model_path, tokenizer_path);
+absl::StatusOr<LoadedModel> LoadModel(const ModelSpec& spec) {
+  if (absl::StartsWith(spec.model, "synthetic:")) return LoadSynthetic(spec.model);
+  if (std::filesystem::is_directory(spec.model)) return LoadHfFolder(spec.model, spec.tokenizer);
+  return LoadLlama2c(spec.model, spec.tokenizer);
 }
 
-}  // namespace coalesce::service
+}  // namespace coalesce::engine

@@ -1,4 +1,4 @@
-#include "engine/synthetic.h"
+#include "engine/model/synthetic.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,0 +1,387 @@
+// Attention kernels of the CUDA backend: RoPE fused with the write of K and
+// V into the paged cache, and paged attention (+ the combine of its splits);
+// kernels.h says what each computes.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "engine/cuda/device_helpers.cuh"
+#include "engine/cuda/kernels.h"
+
+namespace coalesce::engine::cuda {
+namespace {
+
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
+  }
+  return v;
+}
+
+// ---------------------------------------------------------------------------
+// RoPE + KV write
+// ---------------------------------------------------------------------------
+
+template <typename T>
+__global__ void RopeAndCacheKvKernel(float* qkv, const float* bias, const float* rope_cos,
+                                     const float* rope_sin, const int32_t* positions,
+                                     const int32_t* slots, int n_heads, int n_kv_heads,
+                                     int head_dim, T* k_cache, T* v_cache) {
+  const int q_dim = n_heads * head_dim, kv_dim = n_kv_heads * head_dim;
+  const int width = q_dim + 2 * kv_dim, half = head_dim / 2;
+  const int64_t t = blockIdx.x;
+  float* row = qkv + t * width;
+  const float* cos = rope_cos + static_cast<int64_t>(positions[t]) * half;
+  const float* sin = rope_sin + static_cast<int64_t>(positions[t]) * half;
+  const int64_t slot = slots[t];
+  // Pairs of q, then of k: q_dim is a multiple of head_dim, so e % head_dim
+  // is the offset within the head in both.
+  for (int i = threadIdx.x; i < (q_dim + kv_dim) / 2; i += blockDim.x) {
+    const int e = 2 * i, j = (e % head_dim) / 2;
+    float v0 = row[e], v1 = row[e + 1];
+    if (bias != nullptr) {
+      v0 += bias[e];
+      v1 += bias[e + 1];
+    }
+    const float r0 = v0 * cos[j] - v1 * sin[j];
+    const float r1 = v0 * sin[j] + v1 * cos[j];
+    if (e < q_dim) {
+      row[e] = r0;
+      row[e + 1] = r1;
+    } else {
+      k_cache[slot * kv_dim + (e - q_dim)] = FromFloat<T>(r0);
+      k_cache[slot * kv_dim + (e - q_dim) + 1] = FromFloat<T>(r1);
+    }
+  }
+  for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+    float v = row[q_dim + kv_dim + i];
+    if (bias != nullptr) v += bias[q_dim + kv_dim + i];
+    v_cache[slot * kv_dim + i] = FromFloat<T>(v);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Paged attention
+// ---------------------------------------------------------------------------
+
+constexpr int kAttnWarps = 4;
+constexpr int kAttnTile = 32;  // key positions per shared-memory tile: one per lane
+// Shared-memory layout of PagedAttentionKernel, in floats. Lane j computes the
+// score of key j of a tile with 16-byte loads along its K row: rows (and q)
+// are padded to whole float4s (zeros past head_dim), plus one float4 so that
+// the eight lanes of a quarter-warp start on distinct bank quads (row stride
+// = 4 mod 32 banks): no conflicts.
+struct AttentionSmem {
+  int hd_pad;    // head_dim rounded up to a multiple of 4
+  int k_stride;  // hd_pad + 4
+  __host__ __device__ AttentionSmem(int head_dim)
+      : hd_pad((head_dim + 3) / 4 * 4), k_stride((head_dim + 3) / 4 * 4 + 4) {}
+  // q_group [ratio, hd_pad], then k_tile [kAttnTile, k_stride], then
+  // v_tile [kAttnTile, head_dim].
+  __host__ __device__ int k_offset(int ratio) const { return ratio * hd_pad; }
+  __host__ __device__ int v_offset(int ratio) const {
+    return k_offset(ratio) + kAttnTile * k_stride;
+  }
+};
+
+size_t AttentionSharedBytes(int head_dim, int ratio) {
+  const AttentionSmem layout(head_dim);
+  return sizeof(float) *
+         (static_cast<size_t>(layout.v_offset(ratio)) + static_cast<size_t>(kAttnTile) * head_dim);
+}
+
+// Instantiated for the head size and GQA ratio it serves
+// (PickAttentionKernel), so that its per-lane output accumulators
+// (kHeadsPerWarp query heads per warp, kPerLane elements of each per lane)
+// take only the registers they need.
+template <typename T, int kHeadsPerWarp, int kPerLane>
+__global__ void __launch_bounds__(kAttnWarps * 32)
+    PagedAttentionKernel(const float* q, const T* k_cache, const T* v_cache,
+                         const int32_t* positions, const int32_t* token_seq,
+                         const int32_t* block_tables, AttentionShape s, float* partial_out,
+                         float* partial_ml) {
+  extern __shared__ float4 smem4[];  // float4: 16-byte aligned
+  float* smem = reinterpret_cast<float*>(smem4);
+  const int hd = s.head_dim, ratio = s.n_heads / s.n_kv_heads, kv_dim = s.n_kv_heads * hd;
+  const AttentionSmem layout(hd);
+  const int k_stride = layout.k_stride, hd_pad = layout.hd_pad;
+  float* q_group = smem;                          // [ratio, hd_pad]
+  float* k_tile = smem + layout.k_offset(ratio);  // [kAttnTile, k_stride]
+  float* v_tile = smem + layout.v_offset(ratio);  // [kAttnTile, hd]
+
+  const int t = blockIdx.x, g = blockIdx.y, split = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int ctx = positions[t] + 1;
+  const int32_t* table = block_tables + static_cast<int64_t>(token_seq[t]) * s.max_blocks_per_seq;
+  // Splits cover whole tiles; trailing ones may be empty.
+  int split_len = (ctx + s.num_splits - 1) / s.num_splits;
+  split_len = (split_len + kAttnTile - 1) / kAttnTile * kAttnTile;
+  const int begin = split * split_len;
+  const int end = min(ctx, begin + split_len);
+  const float scale = rsqrtf(static_cast<float>(hd));
+
+  const float* q_row =
+      q + static_cast<int64_t>(t) * s.q_stride + static_cast<int64_t>(g) * ratio * hd;
+  for (int i = threadIdx.x; i < ratio * hd_pad; i += blockDim.x) {
+    const int h = i / hd_pad, d = i - h * hd_pad;
+    q_group[i] = d < hd ? q_row[h * hd + d] : 0.0f;
+  }
+  // The padding columns of the K tile, never loaded, must be zeros.
+  for (int i = threadIdx.x; i < kAttnTile * (hd_pad - hd); i += blockDim.x) {
+    const int j = i / (hd_pad - hd);
+    k_tile[j * k_stride + hd + (i - j * (hd_pad - hd))] = 0.0f;
+  }
+
+  float m[kHeadsPerWarp], l[kHeadsPerWarp], acc[kHeadsPerWarp][kPerLane];
+#pragma unroll
+  for (int hi = 0; hi < kHeadsPerWarp; ++hi) {
+    m[hi] = -INFINITY;
+    l[hi] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kPerLane; ++e) acc[hi][e] = 0.0f;
+  }
+
+  for (int base = begin; base < end; base += kAttnTile) {
+    const int n = min(kAttnTile, end - base);
+    __syncthreads();  // the previous tile is consumed; q_group is written
+    constexpr int kVec = Vec16<T>::kSize;
+    if (hd % kVec == 0) {
+      // 16-byte loads (a head's row is whole vectors, and so is every row
+      // offset: kv_dim and g * hd are multiples of head_dim), kBatch of K and
+      // of V in flight per thread before any is used: one memory latency per
+      // tile rather than one per vector.
+      constexpr int kBatch = 4;
+      constexpr int kThreads = kAttnWarps * 32;
+      const int vecs = hd / kVec, total = n * vecs;
+      for (int first = threadIdx.x; first < total; first += kBatch * kThreads) {
+        uint4 k_raw[kBatch], v_raw[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int i = first + u * kThreads;
+          if (i < total) {
+            const int j = i / vecs, d = (i - j * vecs) * kVec, p = base + j;
+            const int64_t slot =
+                static_cast<int64_t>(table[p / s.block_size]) * s.block_size + p % s.block_size;
+            const int64_t offset = slot * kv_dim + static_cast<int64_t>(g) * hd + d;
+            k_raw[u] = *reinterpret_cast<const uint4*>(k_cache + offset);
+            v_raw[u] = *reinterpret_cast<const uint4*>(v_cache + offset);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int i = first + u * kThreads;
+          if (i < total) {
+            const int j = i / vecs, d = (i - j * vecs) * kVec;
+            float kf[kVec], vf[kVec];
+            Unpack(k_raw[u], kf, T{});
+            Unpack(v_raw[u], vf, T{});
+            // 16-byte stores: both rows start on a float4 (k_stride and hd
+            // are multiples of 4 here, d of kVec).
+            float4* k_dst = reinterpret_cast<float4*>(k_tile + j * k_stride + d);
+            float4* v_dst = reinterpret_cast<float4*>(v_tile + j * hd + d);
+#pragma unroll
+            for (int e = 0; e < kVec / 4; ++e) {
+              k_dst[e] = make_float4(kf[4 * e], kf[4 * e + 1], kf[4 * e + 2], kf[4 * e + 3]);
+              v_dst[e] = make_float4(vf[4 * e], vf[4 * e + 1], vf[4 * e + 2], vf[4 * e + 3]);
+            }
+          }
+        }
+      }
+    } else {
+      for (int i = threadIdx.x; i < n * hd; i += blockDim.x) {
+        const int j = i / hd, d = i - j * hd, p = base + j;
+        const int64_t slot =
+            static_cast<int64_t>(table[p / s.block_size]) * s.block_size + p % s.block_size;
+        const int64_t offset = slot * kv_dim + static_cast<int64_t>(g) * hd + d;
+        k_tile[j * k_stride + d] = ToFloat(k_cache[offset]);
+        v_tile[j * hd + d] = ToFloat(v_cache[offset]);
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int hi = 0; hi < kHeadsPerWarp; ++hi) {
+      const int h = warp + hi * kAttnWarps;  // query head within the group
+      if (h < ratio) {                       // warp-uniform
+        float score = -INFINITY;
+        if (lane < n) {
+          // Four independent sums: the loads and multiply-adds pipeline.
+          const float4* qh = reinterpret_cast<const float4*>(q_group + h * hd_pad);
+          const float4* kr = reinterpret_cast<const float4*>(k_tile + lane * k_stride);
+          float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+#pragma unroll 4
+          for (int v = 0; v < hd_pad / 4; ++v) {
+            const float4 a = qh[v], b = kr[v];
+            d0 += a.x * b.x;
+            d1 += a.y * b.y;
+            d2 += a.z * b.z;
+            d3 += a.w * b.w;
+          }
+          score = ((d0 + d1) + (d2 + d3)) * scale;
+        }
+        const float m_new = fmaxf(m[hi], WarpMax(score));
+        const float p = lane < n ? expf(score - m_new) : 0.0f;
+        const float correction = expf(m[hi] - m_new);  // 0 on the first tile
+        l[hi] = l[hi] * correction + WarpSum(p);
+#pragma unroll
+        for (int e = 0; e < kPerLane; ++e) acc[hi][e] *= correction;
+#pragma unroll 8
+        for (int j = 0; j < n; ++j) {
+          const float pj = __shfl_sync(kFullMask, p, j);
+          const float* vr = v_tile + j * hd;
+#pragma unroll
+          for (int e = 0; e < kPerLane; ++e) {
+            const int d = lane + 32 * e;
+            if (d < hd) acc[hi][e] += pj * vr[d];
+          }
+        }
+        m[hi] = m_new;
+      }
+    }
+  }
+
+#pragma unroll
+  for (int hi = 0; hi < kHeadsPerWarp; ++hi) {
+    const int h = warp + hi * kAttnWarps;
+    if (h < ratio) {
+      const int64_t idx =
+          (static_cast<int64_t>(t) * s.n_heads + g * ratio + h) * s.num_splits + split;
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) {
+        const int d = lane + 32 * e;
+        if (d < hd) partial_out[idx * hd + d] = acc[hi][e];
+      }
+      if (lane == 0) {
+        partial_ml[idx * 2] = m[hi];
+        partial_ml[idx * 2 + 1] = l[hi];
+      }
+    }
+  }
+}
+
+template <typename T>
+using AttentionKernel = void (*)(const float*, const T*, const T*, const int32_t*, const int32_t*,
+                                 const int32_t*, AttentionShape, float*, float*);
+
+// The instantiation for this head size (elements per lane: 1, 2, 4, 8) and
+// GQA ratio (query heads per warp: 1, 2, 4).
+template <typename T>
+AttentionKernel<T> PickAttentionKernel(int head_dim, int ratio) {
+  const int per_lane = head_dim <= 32 ? 1 : head_dim <= 64 ? 2 : head_dim <= 128 ? 4 : 8;
+  const int heads = (ratio + kAttnWarps - 1) / kAttnWarps;
+  const int heads_per_warp = heads <= 1 ? 1 : heads <= 2 ? 2 : 4;
+#define COALESCE_PICK(H, L) \
+  if (heads_per_warp == H && per_lane == L) return PagedAttentionKernel<T, H, L>;
+#define COALESCE_PICK_L(H) \
+  COALESCE_PICK(H, 1) COALESCE_PICK(H, 2) COALESCE_PICK(H, 4) COALESCE_PICK(H, 8)
+  COALESCE_PICK_L(1)
+  COALESCE_PICK_L(2)
+  COALESCE_PICK_L(4)
+#undef COALESCE_PICK_L
+#undef COALESCE_PICK
+  return nullptr;  // unreachable for head_dim <= kMaxHeadDim, ratio <= kMaxGqaRatio
+}
+
+// Merges the splits of one (token, head): rescales each split's sum and
+// output by exp(m_split - m_max). The splits' weights are worked out once, in
+// shared memory, so the output loop only streams the partial outputs.
+template <typename T>
+__global__ void AttentionCombineKernel(const float* partial_out, const float* partial_ml,
+                                       AttentionShape s, T* out) {
+  __shared__ float m_split[kMaxSplits], l_split[kMaxSplits], weight[kMaxSplits];
+  __shared__ float inv_sum;
+  const int t = blockIdx.x, h = blockIdx.y, hd = s.head_dim, splits = s.num_splits;
+  const int64_t idx0 = (static_cast<int64_t>(t) * s.n_heads + h) * splits;
+  for (int i = threadIdx.x; i < splits; i += blockDim.x) {
+    m_split[i] = partial_ml[(idx0 + i) * 2];
+    l_split[i] = partial_ml[(idx0 + i) * 2 + 1];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float m_max = -INFINITY;
+    for (int i = 0; i < splits; ++i) {
+      if (l_split[i] > 0.0f) m_max = fmaxf(m_max, m_split[i]);
+    }
+    float sum = 0.0f;
+    for (int i = 0; i < splits; ++i) {
+      weight[i] = l_split[i] > 0.0f ? expf(m_split[i] - m_max) : 0.0f;  // empty splits: 0
+      sum += l_split[i] * weight[i];
+    }
+    inv_sum = 1.0f / sum;
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float o = 0.0f;
+#pragma unroll 8
+    for (int i = 0; i < splits; ++i) o += partial_out[(idx0 + i) * hd + d] * weight[i];
+    out[(static_cast<int64_t>(t) * s.n_heads + h) * hd + d] = FromFloat<T>(o * inv_sum);
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Launchers
+// ---------------------------------------------------------------------------
+
+template <typename T>
+cudaError_t RopeAndCacheKv(float* qkv, const float* bias, const float* rope_cos,
+                           const float* rope_sin, const int32_t* positions, const int32_t* slots,
+                           int rows, int n_heads, int n_kv_heads, int head_dim, T* k_cache,
+                           T* v_cache, cudaStream_t stream) {
+  if (rows > 0) {
+    RopeAndCacheKvKernel<T><<<rows, 256, 0, stream>>>(qkv, bias, rope_cos, rope_sin, positions,
+                                                      slots, n_heads, n_kv_heads, head_dim, k_cache,
+                                                      v_cache);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t PagedAttention(const float* q, const T* k_cache, const T* v_cache,
+                           const int32_t* positions, const int32_t* token_seq,
+                           const int32_t* block_tables, const AttentionShape& shape,
+                           float* partial_out, float* partial_ml, T* out, cudaStream_t stream) {
+  if (shape.rows <= 0) return cudaGetLastError();
+  if (shape.head_dim > kMaxHeadDim || shape.n_kv_heads <= 0 ||
+      shape.n_heads % shape.n_kv_heads != 0 || shape.n_heads / shape.n_kv_heads > kMaxGqaRatio ||
+      shape.num_splits < 1 || shape.num_splits > kMaxSplits) {
+    return cudaErrorInvalidValue;
+  }
+  const size_t shared = AttentionSharedBytes(shape.head_dim, shape.n_heads / shape.n_kv_heads);
+  const AttentionKernel<T> kernel =
+      PickAttentionKernel<T>(shape.head_dim, shape.n_heads / shape.n_kv_heads);
+  const dim3 grid(shape.rows, shape.n_kv_heads, shape.num_splits);
+  kernel<<<grid, kAttnWarps * 32, shared, stream>>>(q, k_cache, v_cache, positions, token_seq,
+                                                    block_tables, shape, partial_out, partial_ml);
+  const dim3 combine_grid(shape.rows, shape.n_heads);
+  AttentionCombineKernel<T><<<combine_grid, shape.head_dim >= 128 ? 128 : 64, 0, stream>>>(
+      partial_out, partial_ml, shape, out);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t ConfigureAttention(int head_dim, int gqa_ratio) {
+  if (head_dim > kMaxHeadDim || gqa_ratio > kMaxGqaRatio) return cudaErrorInvalidValue;
+  return cudaFuncSetAttribute(PickAttentionKernel<T>(head_dim, gqa_ratio),
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(AttentionSharedBytes(head_dim, gqa_ratio)));
+}
+
+#define COALESCE_INSTANTIATE(T)                                                                  \
+  template cudaError_t RopeAndCacheKv<T>(float*, const float*, const float*, const float*,       \
+                                         const int32_t*, const int32_t*, int, int, int, int, T*, \
+                                         T*, cudaStream_t);                                      \
+  template cudaError_t PagedAttention<T>(const float*, const T*, const T*, const int32_t*,       \
+                                         const int32_t*, const int32_t*, const AttentionShape&,  \
+                                         float*, float*, T*, cudaStream_t);                      \
+  template cudaError_t ConfigureAttention<T>(int, int);
+
+COALESCE_INSTANTIATE(float)
+COALESCE_INSTANTIATE(__half)
+COALESCE_INSTANTIATE(__nv_bfloat16)
+#undef COALESCE_INSTANTIATE
+
+}  // namespace coalesce::engine::cuda
