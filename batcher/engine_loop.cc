@@ -316,15 +316,10 @@ Decision EngineLoop::ScheduleAndAdmit(absl::Time now) {
   last_hold_ = decision.hold;
   last_decision_at_ = now;
 
-  auto take = [this](uint64_t id) {
-    auto it =
-        std::find_if(waiting_.begin(), waiting_.end(), [id](const auto& s) { return s->id == id; });
-    std::unique_ptr<Sequence> seq = std::move(*it);
-    waiting_.erase(it);
-    return seq;
-  };
+  // The decision names requests by their position in waiting_ (the order
+  // `waiting` was built in); each one taken leaves a hole, closed at the end.
   for (const Expired& e : decision.expired) {
-    std::unique_ptr<Sequence> seq = take(e.id);
+    const std::unique_ptr<Sequence> seq = std::move(waiting_[e.index]);
     if (e.reason == ExpiryReason::kDeadline) {
       FinishWithError(*seq, absl::DeadlineExceededError(
                                 "the request's deadline passed before it was admitted"));
@@ -337,8 +332,8 @@ Decision EngineLoop::ScheduleAndAdmit(absl::Time now) {
                                 "): the server is overloaded; retry after a short pause")));
     }
   }
-  for (uint64_t id : decision.admit) {
-    std::unique_ptr<Sequence> seq = take(id);
+  for (const int index : decision.admit) {
+    std::unique_ptr<Sequence> seq = std::move(waiting_[index]);
     // The scheduler admitted it only if its blocks were free.
     seq->blocks =
         *blocks_.Allocate(BlocksForTokens(static_cast<int>(seq->tokens.size()), block_size_));
@@ -350,16 +345,15 @@ Decision EngineLoop::ScheduleAndAdmit(absl::Time now) {
     }
     running_.push_back(std::move(seq));
   }
+  std::erase(waiting_, nullptr);
   if (observer_ != nullptr && !decision.admit.empty()) {
     observer_->OnAdmission(static_cast<int>(decision.admit.size()));
   }
   return decision;
 }
 
-void EngineLoop::Preempt(uint64_t id) {
-  auto it =
-      std::find_if(running_.begin(), running_.end(), [id](const auto& s) { return s->id == id; });
-  Sequence& seq = **it;
+void EngineLoop::Preempt(std::unique_ptr<Sequence>& slot) {
+  Sequence& seq = *slot;
   // Everything it has, prompt and generated tokens, is recomputed on
   // resumption; its sampler and text state carry on, so its output is the
   // same as without the pause.
@@ -368,8 +362,7 @@ void EngineLoop::Preempt(uint64_t id) {
   seq.num_cached = 0;
   seq.prefill_end = static_cast<int>(seq.tokens.size());
   seq.preempted = true;
-  waiting_.push_back(std::move(*it));
-  running_.erase(it);
+  waiting_.push_back(std::move(slot));
   if (observer_ != nullptr) observer_->OnPreempted();
 }
 
@@ -377,25 +370,28 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
   // 4. Plan: preemptions, then the chunk of every sequence in the step.
   plan_input_.clear();
   for (const auto& seq : running_) {
-    plan_input_.push_back({seq->id, seq->num_cached, seq->pending(), seq->prefilling(),
+    plan_input_.push_back({seq->num_cached, seq->pending(), seq->prefilling(),
                            static_cast<int>(seq->blocks.size()), seq->request.priority});
   }
   const StepPlan plan =
       PlanStep(plan_input_, blocks_.num_free(), block_size_, options_.max_batch_tokens);
-  for (uint64_t id : plan.preempt) Preempt(id);
+  // The plan names sequences by their position in running_: find the chunks'
+  // owners before preemption moves anyone.
+  step_owner_.clear();
+  for (const StepChunk& chunk : plan.chunks) step_owner_.push_back(running_[chunk.index].get());
+  for (const int index : plan.preempt) Preempt(running_[index]);
+  std::erase(running_, nullptr);
   preempted = static_cast<int>(plan.preempt.size());
 
   step_tokens_.clear();
   step_seqs_.clear();
-  step_owner_.clear();
-  for (const StepChunk& chunk : plan.chunks) {
-    Sequence& seq = **std::find_if(running_.begin(), running_.end(),
-                                   [&](const auto& s) { return s->id == chunk.id; });
+  for (size_t c = 0; c < plan.chunks.size(); ++c) {
+    const StepChunk& chunk = plan.chunks[c];
+    Sequence& seq = *step_owner_[c];
     if (chunk.new_block) seq.blocks.push_back((*blocks_.Allocate(1))[0]);
     const auto first = seq.tokens.begin() + seq.num_cached;
     step_tokens_.insert(step_tokens_.end(), first, first + chunk.num_tokens);
     step_seqs_.push_back({chunk.num_tokens, seq.num_cached, seq.blocks});
-    step_owner_.push_back(&seq);
     // Attention reads K and V of every position up to the chunk's last.
     stats.bytes_read += (seq.num_cached + chunk.num_tokens) * kv_bytes_per_token_;
   }

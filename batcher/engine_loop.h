@@ -150,7 +150,9 @@ class EngineLoop {
   void ExpireRunning(absl::Time now);
   Decision ScheduleAndAdmit(absl::Time now);
   void RunStep(StepStats& stats, int& preempted);
-  void Preempt(uint64_t id);
+  // Sends a running sequence back to the queue, leaving `slot` empty (the
+  // caller closes the hole in running_).
+  void Preempt(std::unique_ptr<Sequence>& slot);
   void Emit(Sequence& seq, int32_t token, absl::Time now);
   // Queues an update for the sequence's stream; FlushDeliveries hands the
   // queue to the streams, in order.

@@ -63,13 +63,16 @@ Decision Scheduler::Schedule(const QueueState& state, absl::Time now) const {
 
   // 1. Expiry: deadlines and the queue timeout. The rest stay in line.
   std::vector<const WaitingRequest*> line;
+  auto position = [&state](const WaitingRequest* r) {
+    return static_cast<int>(r - state.waiting.data());
+  };
   for (const WaitingRequest& request : state.waiting) {
     const absl::Time queue_limit =
         request.preempted ? absl::InfiniteFuture() : request.arrival + config_.max_queue_wait;
     if (now >= request.deadline) {
-      decision.expired.push_back({request.id, ExpiryReason::kDeadline});
+      decision.expired.push_back({position(&request), ExpiryReason::kDeadline});
     } else if (now >= queue_limit) {
-      decision.expired.push_back({request.id, ExpiryReason::kQueueTimeout});
+      decision.expired.push_back({position(&request), ExpiryReason::kQueueTimeout});
     } else {
       line.push_back(&request);
       reconsider(std::min(request.deadline, queue_limit));
@@ -129,7 +132,7 @@ Decision Scheduler::Schedule(const QueueState& state, absl::Time now) const {
       break;
     }
     blocks_left -= request->blocks_needed;
-    decision.admit.push_back(request->id);
+    decision.admit.push_back(position(request));
   }
   return decision;
 }

@@ -66,7 +66,7 @@ struct SchedulerConfig {
 };
 
 struct WaitingRequest {
-  uint64_t id = 0;
+  uint64_t id = 0;        // orders requests that arrived at the same instant
   absl::Time arrival;     // when the server received it
   int blocks_needed = 0;  // KV-cache blocks it must hold to be admitted
   int priority = 0;       // higher first
@@ -93,14 +93,16 @@ std::string_view HoldReasonName(HoldReason reason);
 enum class ExpiryReason { kDeadline, kQueueTimeout };
 
 struct Expired {
-  uint64_t id;
+  int index;  // position in QueueState::waiting
   ExpiryReason reason;
   bool operator==(const Expired&) const = default;
 };
 
+// Requests are named by their position in QueueState::waiting, so the caller
+// finds each one without a search.
 struct Decision {
   std::vector<Expired> expired;  // leave the queue now, with an error
-  std::vector<uint64_t> admit;   // join the batch now, in this order
+  std::vector<int> admit;        // join the batch now, in this order
   HoldReason hold = HoldReason::kNone;
   // Set when the decision can change by the passage of time alone (the
   // window ends, a deadline or queue timeout falls due, aging reorders):

@@ -33,7 +33,7 @@ StepPlan PlanStep(std::span<const RunningSequence> running, int free_blocks, int
     }
     preempted[victim] = true;
     free_blocks += running[victim].blocks_held;
-    plan.preempt.push_back(running[victim].id);
+    plan.preempt.push_back(victim);
   }
 
   int budget = max_batch_tokens;
@@ -47,14 +47,14 @@ StepPlan PlanStep(std::span<const RunningSequence> running, int free_blocks, int
     const RunningSequence& s = running[i];
     if (preempted[i]) continue;
     if (!s.prefilling) {
-      plan.chunks.push_back({s.id, s.pending_tokens, NeedsNewBlock(s, block_size)});
+      plan.chunks.push_back({static_cast<int>(i), s.pending_tokens, NeedsNewBlock(s, block_size)});
       plan.decode_tokens += s.pending_tokens;
       continue;
     }
     const int chunk = std::min(s.pending_tokens, budget);
     if (chunk <= 0) continue;
     budget -= chunk;
-    plan.chunks.push_back({s.id, chunk, false});
+    plan.chunks.push_back({static_cast<int>(i), chunk, false});
     plan.prefill_tokens += chunk;
   }
   return plan;

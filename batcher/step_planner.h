@@ -25,7 +25,6 @@
 namespace coalesce::batcher {
 
 struct RunningSequence {
-  uint64_t id = 0;
   int cached_tokens = 0;    // positions already in the KV cache
   int pending_tokens = 0;   // tokens not yet in the cache (>= 1)
   bool prefilling = false;  // pending tokens are prompt/recomputation, not one decode
@@ -34,14 +33,16 @@ struct RunningSequence {
 };
 
 struct StepChunk {
-  uint64_t id = 0;
+  int index = 0;           // position in `running`
   int num_tokens = 0;      // tokens of this sequence in the step
   bool new_block = false;  // needs one more KV block before the step
   bool operator==(const StepChunk&) const = default;
 };
 
+// Sequences are named by their position in PlanStep's `running`, so the
+// caller finds each one without a search.
 struct StepPlan {
-  std::vector<uint64_t> preempt;  // in the order chosen
+  std::vector<int> preempt;       // in the order chosen
   std::vector<StepChunk> chunks;  // in admission order; sequences left out wait
   int decode_tokens = 0;
   int prefill_tokens = 0;

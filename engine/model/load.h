@@ -15,9 +15,9 @@ struct ModelSpec {
   // "synthetic:NAME" (engine/model/synthetic.h), a Hugging Face folder
   // (config.json and safetensors; tokenizer.json with the end-of-sequence ids
   // of its config), or a llama2.c checkpoint (tokenizer.bin beside it).
-  std::string model;
+  std::string model = {};
   // Overrides the format's tokenizer file; empty for the default.
-  std::string tokenizer;
+  std::string tokenizer = {};
 };
 
 struct LoadedModel {

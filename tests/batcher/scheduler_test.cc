@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
+#include <vector>
 
 #include "common/clock.h"
 #include "gmock/gmock.h"
@@ -34,9 +36,30 @@ WaitingRequest Req(uint64_t id, double arrival_ms, int blocks = 1) {
   return {id, Ms(arrival_ms), blocks};
 }
 
+// A Decision names requests by their position in the queue; the tests read
+// it with each position replaced by the id of the request there.
+struct IdExpired {
+  uint64_t id;
+  ExpiryReason reason;
+  bool operator==(const IdExpired&) const = default;
+};
+struct IdDecision {
+  std::vector<IdExpired> expired;
+  std::vector<uint64_t> admit;
+  HoldReason hold;
+  std::optional<absl::Time> reconsider_at;
+};
+IdDecision Decide(const Scheduler& s, const QueueState& state, absl::Time now) {
+  const Decision d = s.Schedule(state, now);
+  IdDecision out{{}, {}, d.hold, d.reconsider_at};
+  for (const Expired& e : d.expired) out.expired.push_back({state.waiting[e.index].id, e.reason});
+  for (const int i : d.admit) out.admit.push_back(state.waiting[i].id);
+  return out;
+}
+
 TEST(SchedulerTest, NothingWaitingAdmitsNothingAndSetsNoTimer) {
   Scheduler s(Config(4, 10));
-  Decision d = s.Schedule({{}, 0, 100}, Ms(0));
+  IdDecision d = Decide(s, {{}, 0, 100}, Ms(0));
   EXPECT_THAT(d.admit, IsEmpty());
   EXPECT_EQ(d.hold, HoldReason::kNone);
   EXPECT_FALSE(d.reconsider_at.has_value());
@@ -46,16 +69,16 @@ TEST(SchedulerTest, LoneRequestWaitsExactlyTheWindow) {
   Scheduler s(Config(4, 10));
   std::vector<WaitingRequest> waiting = {Req(1, 0)};
   // t=0: the window opens.
-  Decision d = s.Schedule({waiting, 0, 100}, Ms(0));
+  IdDecision d = Decide(s, {waiting, 0, 100}, Ms(0));
   EXPECT_THAT(d.admit, IsEmpty());
   EXPECT_EQ(d.hold, HoldReason::kWindowOpen);
   EXPECT_EQ(d.reconsider_at, Ms(10));
   // t=9.999: still open.
-  d = s.Schedule({waiting, 0, 100}, Ms(9.999));
+  d = Decide(s, {waiting, 0, 100}, Ms(9.999));
   EXPECT_THAT(d.admit, IsEmpty());
   EXPECT_EQ(d.reconsider_at, Ms(10));
   // t=10: closed, admitted.
-  d = s.Schedule({waiting, 0, 100}, Ms(10));
+  d = Decide(s, {waiting, 0, 100}, Ms(10));
   EXPECT_THAT(d.admit, ElementsAre(1));
   EXPECT_EQ(d.hold, HoldReason::kNone);
   EXPECT_FALSE(d.reconsider_at.has_value());
@@ -64,10 +87,10 @@ TEST(SchedulerTest, LoneRequestWaitsExactlyTheWindow) {
 TEST(SchedulerTest, WindowIsMeasuredFromTheOldestArrival) {
   Scheduler s(Config(4, 10));
   std::vector<WaitingRequest> waiting = {Req(1, 0), Req(2, 6)};
-  Decision d = s.Schedule({waiting, 0, 100}, Ms(6));
+  IdDecision d = Decide(s, {waiting, 0, 100}, Ms(6));
   EXPECT_THAT(d.admit, IsEmpty());
   EXPECT_EQ(d.reconsider_at, Ms(10));  // not 16
-  d = s.Schedule({waiting, 0, 100}, Ms(10));
+  d = Decide(s, {waiting, 0, 100}, Ms(10));
   EXPECT_THAT(d.admit, ElementsAre(1, 2));  // the later one rides along
 }
 
@@ -75,34 +98,34 @@ TEST(SchedulerTest, FillingTheFreeSlotsClosesTheWindowEarly) {
   Scheduler s(Config(4, 50));
   // Requests 1..3 arrive at 0, 1, 2 ms: the window stays open.
   std::vector<WaitingRequest> waiting = {Req(1, 0), Req(2, 1), Req(3, 2)};
-  EXPECT_THAT(s.Schedule({waiting, 0, 100}, Ms(2)).admit, IsEmpty());
+  EXPECT_THAT(Decide(s, {waiting, 0, 100}, Ms(2)).admit, IsEmpty());
   // Request 4 at 3 ms fills the 4 free slots: all go now, 47 ms early.
   waiting.push_back(Req(4, 3));
-  EXPECT_THAT(s.Schedule({waiting, 0, 100}, Ms(3)).admit, ElementsAre(1, 2, 3, 4));
+  EXPECT_THAT(Decide(s, {waiting, 0, 100}, Ms(3)).admit, ElementsAre(1, 2, 3, 4));
 }
 
 TEST(SchedulerTest, JoiningARunningBatchFillsOnlyTheFreeSlots) {
   Scheduler s(Config(4, 50));
   // 3 running, 1 free slot: one arrival fills it, no window wait.
   std::vector<WaitingRequest> one = {Req(7, 0)};
-  EXPECT_THAT(s.Schedule({one, 3, 100}, Ms(0)).admit, ElementsAre(7));
+  EXPECT_THAT(Decide(s, {one, 3, 100}, Ms(0)).admit, ElementsAre(7));
   // 2 running, 2 free: one arrival waits for a companion or the window.
-  Decision d = s.Schedule({one, 2, 100}, Ms(0));
+  IdDecision d = Decide(s, {one, 2, 100}, Ms(0));
   EXPECT_THAT(d.admit, IsEmpty());
   EXPECT_EQ(d.hold, HoldReason::kWindowOpen);
-  EXPECT_THAT(s.Schedule({one, 2, 100}, Ms(50)).admit, ElementsAre(7));
+  EXPECT_THAT(Decide(s, {one, 2, 100}, Ms(50)).admit, ElementsAre(7));
 }
 
 TEST(SchedulerTest, ZeroWindowAdmitsAtOnce) {
   Scheduler s(Config(4, 0));
   std::vector<WaitingRequest> waiting = {Req(1, 0)};
-  EXPECT_THAT(s.Schedule({waiting, 1, 100}, Ms(0)).admit, ElementsAre(1));
+  EXPECT_THAT(Decide(s, {waiting, 1, 100}, Ms(0)).admit, ElementsAre(1));
 }
 
 TEST(SchedulerTest, FullBatchHoldsEveryoneWithoutATimer) {
   Scheduler s(Config(2, 0));
   std::vector<WaitingRequest> waiting = {Req(1, 0)};
-  Decision d = s.Schedule({waiting, 2, 100}, Ms(100));
+  IdDecision d = Decide(s, {waiting, 2, 100}, Ms(100));
   EXPECT_THAT(d.admit, IsEmpty());
   EXPECT_EQ(d.hold, HoldReason::kNoFreeSlot);
   // A slot frees only when a sequence leaves, which wakes the loop anyway.
@@ -112,7 +135,7 @@ TEST(SchedulerTest, FullBatchHoldsEveryoneWithoutATimer) {
 TEST(SchedulerTest, MoreArrivalsThanSlotsAdmitsTheOldestInOrder) {
   Scheduler s(Config(3, 10));
   std::vector<WaitingRequest> waiting = {Req(5, 0), Req(6, 1), Req(7, 2), Req(8, 3)};
-  Decision d = s.Schedule({waiting, 0, 100}, Ms(3));
+  IdDecision d = Decide(s, {waiting, 0, 100}, Ms(3));
   EXPECT_THAT(d.admit, ElementsAre(5, 6, 7));
   EXPECT_EQ(d.hold, HoldReason::kNoFreeSlot);
 }
@@ -122,7 +145,7 @@ TEST(SchedulerTest, KvBlocksLimitAdmissionWithoutOvertaking) {
   // 10 free blocks: request 1 (4) fits, request 2 (8) does not; request 3
   // (1) would fit but must not overtake request 2.
   std::vector<WaitingRequest> waiting = {Req(1, 0, 4), Req(2, 1, 8), Req(3, 2, 1)};
-  Decision d = s.Schedule({waiting, 0, 10}, Ms(5));
+  IdDecision d = Decide(s, {waiting, 0, 10}, Ms(5));
   EXPECT_THAT(d.admit, ElementsAre(1));
   EXPECT_EQ(d.hold, HoldReason::kNoFreeBlocks);
 }
@@ -131,14 +154,14 @@ TEST(SchedulerTest, StaticBatchingWaitsForTheWholeBatchToFinish) {
   Scheduler s(Config(4, 10, BatchingMode::kStatic));
   std::vector<WaitingRequest> waiting = {Req(1, 0)};
   // One sequence still runs: a static batch admits nobody, even with room.
-  Decision d = s.Schedule({waiting, 1, 100}, Ms(500));
+  IdDecision d = Decide(s, {waiting, 1, 100}, Ms(500));
   EXPECT_THAT(d.admit, IsEmpty());
   EXPECT_EQ(d.hold, HoldReason::kStaticBatchRunning);
   // Empty engine: the window rule applies to the new batch.
-  d = s.Schedule({waiting, 0, 100}, Ms(5));
+  d = Decide(s, {waiting, 0, 100}, Ms(5));
   EXPECT_THAT(d.admit, IsEmpty());
   EXPECT_EQ(d.reconsider_at, Ms(10));
-  EXPECT_THAT(s.Schedule({waiting, 0, 100}, Ms(10)).admit, ElementsAre(1));
+  EXPECT_THAT(Decide(s, {waiting, 0, 100}, Ms(10)).admit, ElementsAre(1));
 }
 
 TEST(SchedulerTest, HigherPriorityGoesFirstThenArrival) {
@@ -146,8 +169,8 @@ TEST(SchedulerTest, HigherPriorityGoesFirstThenArrival) {
   std::vector<WaitingRequest> waiting = {Req(1, 0), Req(2, 1), Req(3, 2), Req(4, 3)};
   waiting[2].priority = 5;
   waiting[3].priority = 5;
-  EXPECT_THAT(s.Schedule({waiting, 0, 100}, Ms(3)).admit, ElementsAre(3, 4));
-  EXPECT_THAT(s.Schedule({waiting, 1, 100}, Ms(3)).admit, ElementsAre(3));
+  EXPECT_THAT(Decide(s, {waiting, 0, 100}, Ms(3)).admit, ElementsAre(3, 4));
+  EXPECT_THAT(Decide(s, {waiting, 1, 100}, Ms(3)).admit, ElementsAre(3));
 }
 
 TEST(SchedulerTest, AgingRaisesAWaitingRequestOneLevelPerInterval) {
@@ -158,13 +181,13 @@ TEST(SchedulerTest, AgingRaisesAWaitingRequestOneLevelPerInterval) {
   waiting[1].priority = 2;
   // At 250 ms request 1 has aged 2 levels: a tie at 2, and it is older.
   EXPECT_EQ(s.EffectivePriority(waiting[0], Ms(250)), 2);
-  EXPECT_THAT(s.Schedule({waiting, 0, 100}, Ms(250)).admit, ElementsAre(1));
+  EXPECT_THAT(Decide(s, {waiting, 0, 100}, Ms(250)).admit, ElementsAre(1));
   // At 199 ms it had aged only once: request 2 (arriving at 150 ms here)
   // would still win.
   waiting[1].arrival = Ms(150);
-  EXPECT_THAT(s.Schedule({waiting, 0, 100}, Ms(199)).admit, ElementsAre(2));
+  EXPECT_THAT(Decide(s, {waiting, 0, 100}, Ms(199)).admit, ElementsAre(2));
   // The next aging step is a reason to decide again.
-  EXPECT_EQ(s.Schedule({waiting, 1, 100}, Ms(199)).reconsider_at, Ms(200));
+  EXPECT_EQ(Decide(s, {waiting, 1, 100}, Ms(199)).reconsider_at, Ms(200));
 }
 
 TEST(SchedulerTest, QueueTimeoutExpiresRequestsNeverAdmitted) {
@@ -173,11 +196,11 @@ TEST(SchedulerTest, QueueTimeoutExpiresRequestsNeverAdmitted) {
   Scheduler s(config);
   std::vector<WaitingRequest> waiting = {Req(1, 0), Req(2, 50), Req(3, 0)};
   waiting[2].preempted = true;  // admitted before: exempt
-  Decision d = s.Schedule({waiting, 1, 100}, Ms(99));
+  IdDecision d = Decide(s, {waiting, 1, 100}, Ms(99));
   EXPECT_THAT(d.expired, IsEmpty());
   EXPECT_EQ(d.reconsider_at, Ms(100));
-  d = s.Schedule({waiting, 1, 100}, Ms(100));
-  EXPECT_THAT(d.expired, ElementsAre(Expired{1, ExpiryReason::kQueueTimeout}));
+  d = Decide(s, {waiting, 1, 100}, Ms(100));
+  EXPECT_THAT(d.expired, ElementsAre(IdExpired{1, ExpiryReason::kQueueTimeout}));
   EXPECT_EQ(d.reconsider_at, Ms(150));
 }
 
@@ -185,12 +208,24 @@ TEST(SchedulerTest, DeadlinesExpireWaitingRequestsAndWakeTheLoop) {
   Scheduler s(Config(4, 20));
   std::vector<WaitingRequest> waiting = {Req(1, 0), Req(2, 0)};
   waiting[0].deadline = Ms(5);
-  Decision d = s.Schedule({waiting, 0, 100}, Ms(0));
+  IdDecision d = Decide(s, {waiting, 0, 100}, Ms(0));
   EXPECT_EQ(d.reconsider_at, Ms(5));  // before the window's end at 20
-  d = s.Schedule({waiting, 0, 100}, Ms(5));
-  EXPECT_THAT(d.expired, ElementsAre(Expired{1, ExpiryReason::kDeadline}));
+  d = Decide(s, {waiting, 0, 100}, Ms(5));
+  EXPECT_THAT(d.expired, ElementsAre(IdExpired{1, ExpiryReason::kDeadline}));
   EXPECT_THAT(d.admit, IsEmpty());
   EXPECT_EQ(d.reconsider_at, Ms(20));
+}
+
+TEST(SchedulerTest, DecisionsNamePositionsInTheQueueAsGiven) {
+  // The queue in no particular order: the decision's positions index it as
+  // given. Id 5's deadline passed; 3 then 7 are admitted by arrival.
+  SchedulerConfig config = Config(2, 0);
+  Scheduler s(config);
+  std::vector<WaitingRequest> waiting = {Req(9, 5), Req(3, 0), Req(5, 1), Req(7, 2)};
+  waiting[2].deadline = Ms(4);
+  const Decision d = s.Schedule({waiting, 0, 100}, Ms(6));
+  EXPECT_THAT(d.expired, ElementsAre(Expired{2, ExpiryReason::kDeadline}));
+  EXPECT_THAT(d.admit, ElementsAre(1, 3));
 }
 
 // ---------------------------------------------------------------------------
@@ -245,11 +280,11 @@ class World {
         std::erase_if(waiting_, [id = id](const WaitingRequest& w) { return w.id == id; });
         std::erase(running_, id);
       }
-      Decision d =
-          scheduler_.Schedule({waiting_, static_cast<int>(running_.size()), 1000}, Ms(now));
+      IdDecision d =
+          Decide(scheduler_, {waiting_, static_cast<int>(running_.size()), 1000}, Ms(now));
       for (uint64_t id : d.admit) {
         running_.push_back(id);
-        waiting_.erase(waiting_.begin());
+        std::erase_if(waiting_, [id](const WaitingRequest& w) { return w.id == id; });
       }
       if (running_.empty()) {
         if (waiting_.empty() && seen_.size() == arrivals_.size()) break;

@@ -11,73 +11,72 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 
-RunningSequence Decoding(uint64_t id, int cached, int blocks, int priority = 0) {
-  return {id, cached, 1, false, blocks, priority};
+// Plans name sequences by their position in `running`: 0 is the oldest.
+RunningSequence Decoding(int cached, int blocks, int priority = 0) {
+  return {cached, 1, false, blocks, priority};
 }
-RunningSequence Prefilling(uint64_t id, int cached, int pending, int blocks) {
-  return {id, cached, pending, true, blocks, 0};
+RunningSequence Prefilling(int cached, int pending, int blocks) {
+  return {cached, pending, true, blocks, 0};
 }
 
 TEST(StepPlannerTest, DecodesFirstThenPromptChunksFillTheBudget) {
   // Budget 8: two decodes (2 tokens), then 6 prompt tokens: A's 4 whole and
   // the first 2 of B's 10; C waits for the next step.
-  const std::vector<RunningSequence> running = {Decoding(1, 5, 2), Prefilling(2, 0, 4, 1),
-                                                Decoding(3, 9, 3), Prefilling(4, 0, 10, 3),
-                                                Prefilling(5, 0, 3, 1)};
+  const std::vector<RunningSequence> running = {Decoding(5, 2), Prefilling(0, 4, 1), Decoding(9, 3),
+                                                Prefilling(0, 10, 3), Prefilling(0, 3, 1)};
   StepPlan plan = PlanStep(running, /*free_blocks=*/10, /*block_size=*/4, /*max_batch_tokens=*/8);
   EXPECT_THAT(plan.preempt, IsEmpty());
-  EXPECT_THAT(plan.chunks, ElementsAre(StepChunk{1, 1, false}, StepChunk{2, 4, false},
-                                       StepChunk{3, 1, false}, StepChunk{4, 2, false}));
+  EXPECT_THAT(plan.chunks, ElementsAre(StepChunk{0, 1, false}, StepChunk{1, 4, false},
+                                       StepChunk{2, 1, false}, StepChunk{3, 2, false}));
   EXPECT_EQ(plan.decode_tokens, 2);
   EXPECT_EQ(plan.prefill_tokens, 6);
 }
 
 TEST(StepPlannerTest, APromptResumesWhereItsLastChunkEnded) {
-  const std::vector<RunningSequence> running = {Prefilling(4, 2, 8, 3)};
+  const std::vector<RunningSequence> running = {Prefilling(2, 8, 3)};
   StepPlan plan = PlanStep(running, 0, 4, 5);
-  EXPECT_THAT(plan.chunks, ElementsAre(StepChunk{4, 5, false}));
+  EXPECT_THAT(plan.chunks, ElementsAre(StepChunk{0, 5, false}));
 }
 
 TEST(StepPlannerTest, DecodeCrossingABlockBoundaryGetsANewBlock) {
-  // Seq 1 has 8 cached positions in 2 blocks of 4: position 8 starts block 3.
-  const std::vector<RunningSequence> running = {Decoding(1, 8, 2), Decoding(2, 6, 2)};
+  // The first has 8 cached positions in 2 blocks of 4: position 8 starts block 3.
+  const std::vector<RunningSequence> running = {Decoding(8, 2), Decoding(6, 2)};
   StepPlan plan = PlanStep(running, 1, 4, 16);
-  EXPECT_THAT(plan.chunks, ElementsAre(StepChunk{1, 1, true}, StepChunk{2, 1, false}));
+  EXPECT_THAT(plan.chunks, ElementsAre(StepChunk{0, 1, true}, StepChunk{1, 1, false}));
 }
 
 TEST(StepPlannerTest, PreemptsTheMostRecentlyAdmittedWhenBlocksRunOut) {
-  // Three decodes each need a new block; one is free. Preempting seq 3 (the
-  // newest) frees its 2 blocks: 3 free for the 2 remaining needs.
-  const std::vector<RunningSequence> running = {Decoding(1, 8, 2), Decoding(2, 8, 2),
-                                                Decoding(3, 8, 2)};
+  // Three decodes each need a new block; one is free. Preempting the third
+  // (the newest) frees its 2 blocks: 3 free for the 2 remaining needs.
+  const std::vector<RunningSequence> running = {Decoding(8, 2), Decoding(8, 2), Decoding(8, 2)};
   StepPlan plan = PlanStep(running, 1, 4, 16);
-  EXPECT_THAT(plan.preempt, ElementsAre(3));
-  EXPECT_THAT(plan.chunks, ElementsAre(StepChunk{1, 1, true}, StepChunk{2, 1, true}));
+  EXPECT_THAT(plan.preempt, ElementsAre(2));
+  EXPECT_THAT(plan.chunks, ElementsAre(StepChunk{0, 1, true}, StepChunk{1, 1, true}));
 }
 
 TEST(StepPlannerTest, PreemptsLowerPriorityBeforeNewer) {
-  const std::vector<RunningSequence> running = {Decoding(1, 8, 2, /*priority=*/0),
-                                                Decoding(2, 8, 2, /*priority=*/1),
-                                                Decoding(3, 8, 2, /*priority=*/1)};
+  const std::vector<RunningSequence> running = {Decoding(8, 2, /*priority=*/0),
+                                                Decoding(8, 2, /*priority=*/1),
+                                                Decoding(8, 2, /*priority=*/1)};
   StepPlan plan = PlanStep(running, 0, 4, 16);
-  // Seq 1 goes first despite being the oldest; its 2 blocks serve both others.
-  EXPECT_THAT(plan.preempt, ElementsAre(1));
-  EXPECT_THAT(plan.chunks, ElementsAre(StepChunk{2, 1, true}, StepChunk{3, 1, true}));
+  // The first goes despite being the oldest; its 2 blocks serve both others.
+  EXPECT_THAT(plan.preempt, ElementsAre(0));
+  EXPECT_THAT(plan.chunks, ElementsAre(StepChunk{1, 1, true}, StepChunk{2, 1, true}));
 }
 
 TEST(StepPlannerTest, APrefillingSequenceCanBeTheVictim) {
   // The newest is still prefilling and holds 3 blocks: preempting it is
   // enough for the decode's new block.
-  const std::vector<RunningSequence> running = {Decoding(1, 4, 1), Prefilling(2, 0, 12, 3)};
+  const std::vector<RunningSequence> running = {Decoding(4, 1), Prefilling(0, 12, 3)};
   StepPlan plan = PlanStep(running, 0, 4, 16);
-  EXPECT_THAT(plan.preempt, ElementsAre(2));
-  EXPECT_THAT(plan.chunks, ElementsAre(StepChunk{1, 1, true}));
+  EXPECT_THAT(plan.preempt, ElementsAre(1));
+  EXPECT_THAT(plan.chunks, ElementsAre(StepChunk{0, 1, true}));
 }
 
 TEST(StepPlannerTest, ALoneSequenceWithNoBlockLeftPreemptsItself) {
-  const std::vector<RunningSequence> running = {Decoding(1, 4, 1)};
+  const std::vector<RunningSequence> running = {Decoding(4, 1)};
   StepPlan plan = PlanStep(running, 0, 4, 16);
-  EXPECT_THAT(plan.preempt, ElementsAre(1));
+  EXPECT_THAT(plan.preempt, ElementsAre(0));
   EXPECT_THAT(plan.chunks, IsEmpty());
 }
 

@@ -24,6 +24,9 @@
 
 ABSL_FLAG(std::string, model, "synthetic:15m",
           "The model: synthetic:NAME, a Hugging Face folder or a llama2.c checkpoint.");
+ABSL_FLAG(
+    std::string, tokenizer, "",
+    "The tokenizer file, when not the model format's default (as coalesce-server's --tokenizer).");
 ABSL_FLAG(std::string, batch_sizes, "1,2,4,8,16,32,64", "Comma-separated batch sizes.");
 ABSL_FLAG(int, context, 128, "Tokens already in each sequence's cache when decoding.");
 ABSL_FLAG(int, steps, 16, "Decode steps measured per batch size.");
@@ -73,8 +76,8 @@ double SgemmRate(int threads) {
 }
 
 int Run() {
-  absl::StatusOr<engine::LoadedModel> loaded =
-      engine::LoadModel({.model = absl::GetFlag(FLAGS_model)});
+  absl::StatusOr<engine::LoadedModel> loaded = engine::LoadModel(
+      {.model = absl::GetFlag(FLAGS_model), .tokenizer = absl::GetFlag(FLAGS_tokenizer)});
   if (!loaded.ok()) {
     std::fprintf(stderr, "%s\n", std::string(loaded.status().message()).c_str());
     return 1;

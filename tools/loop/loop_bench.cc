@@ -32,6 +32,9 @@
 ABSL_FLAG(std::string, device, "cpu", "Backend: cpu or cuda.");
 ABSL_FLAG(std::string, model, "synthetic:15m",
           "The model: synthetic:NAME, a Hugging Face folder or a llama2.c checkpoint.");
+ABSL_FLAG(
+    std::string, tokenizer, "",
+    "The tokenizer file, when not the model format's default (as coalesce-server's --tokenizer).");
 ABSL_FLAG(int, batch, 64, "Requests per round, all in one batch.");
 ABSL_FLAG(int, prompt, 16, "Prompt tokens per request.");
 ABSL_FLAG(int, tokens, 128, "Tokens generated per request.");
@@ -177,7 +180,8 @@ int Main() {
     std::fprintf(stderr, "coalesce-loop-bench: bad flag value (see --help)\n");
     return 2;
   }
-  absl::StatusOr<engine::LoadedModel> loaded = engine::LoadModel({.model = o.model});
+  absl::StatusOr<engine::LoadedModel> loaded =
+      engine::LoadModel({.model = o.model, .tokenizer = absl::GetFlag(FLAGS_tokenizer)});
   if (!loaded.ok()) {
     std::fprintf(stderr, "%s\n", loaded.status().ToString().c_str());
     return 1;
