@@ -44,8 +44,8 @@ except ImportError:  # reported by each test that needs it
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RULES = os.path.join(REPO, "deploy", "prometheus", "coalesce-rules.yml")
 DASHBOARD = os.path.join(REPO, "deploy", "grafana", "coalesce-dashboard.json")
-sys.path.insert(0, os.path.join(REPO, "tests", "service"))
-from e2e_support import die_with_parent  # noqa: E402
+sys.path.insert(0, os.path.join(REPO, "tools", "harness"))
+from coalesce_harness import HarnessError, ServerProcess, die_with_parent  # noqa: E402
 
 SERVER = os.environ.get("COALESCE_SERVER") or os.path.join(REPO, "build", "bin", "coalesce-server")
 CLI = os.environ.get("COALESCE_CLI") or os.path.join(REPO, "build", "bin", "coalesce-cli")
@@ -56,8 +56,9 @@ CLI = os.environ.get("COALESCE_CLI") or os.path.join(REPO, "build", "bin", "coal
 RATE_INTERVAL = "30s"
 INTERVAL = "5s"
 
+# With the harness's --host=127.0.0.1 --port=0 --metrics_port=0.
 SERVER_FLAGS = [
-    "--model=synthetic:tiny", "--port=0", "--metrics_port=0", "--host=127.0.0.1",
+    "--model=synthetic:tiny",
     # Fewer slots than concurrent requests, so that requests wait; a KV cache
     # that long requests fill most of (819 blocks of 16 tokens; 8 sequences of
     # up to 1,300 tokens take about 650), without preemptions.
@@ -214,14 +215,10 @@ def test_dashboard_structure():
 # The stack: server, load, Prometheus
 # ---------------------------------------------------------------------------
 
-_SERVING_RE = re.compile(r"serving (\S+) on ([0-9.]+):(\d+) \(metrics port (-?\d+)\)")
-
-
 class Stack:
     def __init__(self, tmp):
         self.tmp = tmp
         self.server = self.prom = None
-        self.server_log = []
         self.stop = threading.Event()
         self.load_threads = []
         self.load_procs = set()
@@ -233,27 +230,15 @@ class Stack:
     def start_server(self):
         if not os.path.exists(SERVER):
             pytest.fail("server binary not found: %s (set COALESCE_SERVER)" % SERVER)
-        self.server = subprocess.Popen(die_with_parent([SERVER] + SERVER_FLAGS),
-                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT)
-        found = threading.Event()
-        ports = {}
-
-        def read():
-            for raw in iter(self.server.stdout.readline, b""):
-                line = raw.decode("utf-8", "replace")
-                self.server_log.append(line)
-                m = _SERVING_RE.search(line)
-                if m and not found.is_set():
-                    ports["grpc"], ports["metrics"] = int(m.group(3)), int(m.group(4))
-                    found.set()
-            found.set()
-        threading.Thread(target=read, daemon=True).start()
-        if not found.wait(60) or not ports:
-            pytest.fail("server did not serve within 60 s (rc %s); log:\n%s"
-                        % (self.server.poll(), "".join(self.server_log)))
-        self.grpc_address = "127.0.0.1:%d" % ports["grpc"]
-        self.instance = "127.0.0.1:%d" % ports["metrics"]
+        error = None
+        try:
+            self.server = ServerProcess(SERVER, SERVER_FLAGS, start_timeout_s=60)
+        except HarnessError as e:
+            error = str(e)
+        if error:
+            pytest.fail(error)  # outside the except: no chained traceback
+        self.grpc_address = self.server.address
+        self.instance = "127.0.0.1:%d" % self.server.metrics_port
 
     # -- load -----------------------------------------------------------------
     def _cli(self, *flags, timeout=120):
@@ -367,7 +352,8 @@ class Stack:
         _kill(self.prom)
         if getattr(self, "prom_log", None):
             self.prom_log.close()
-        _kill(self.server)
+        if self.server is not None:
+            self.server.kill()
 
 
 @pytest.fixture(scope="module")
@@ -449,7 +435,7 @@ def test_load_ran(stack):
     # The checks below mean something only if requests were served.
     r = stack.query('sum(coalesce_requests_total{status="ok", instance="%s"})' % stack.instance)
     assert r and float(r[0]["value"][1]) > 0, "no request finished OK; server log:\n%s" % "".join(
-        stack.server_log[-50:])
+        stack.server.log_lines()[-50:])
     assert not stack.load_failures, "coalesce-cli failed:\n%s" % stack.load_failures[0]
 
 
@@ -529,8 +515,7 @@ def test_every_rule_is_loaded_and_healthy(stack):
 def test_every_server_metric_is_used(stack):
     """A metric the server exports but neither the dashboard nor a rule uses
     is probably missing from both."""
-    with urllib.request.urlopen("http://%s/metrics" % stack.instance, timeout=10) as r:
-        text = r.read().decode("utf-8")
+    text = stack.server.metrics_text()
     # The exposer_* families are prometheus-cpp's own.
     families = set(re.findall(r"^# TYPE (coalesce_\S+) ", text, re.M))
     assert "coalesce_requests_total" in families, families

@@ -1,5 +1,7 @@
-"""What the end-to-end tests share: the server process, a gRPC client of
-coalesce.v1 with health and reflection, and a Prometheus text parser.
+"""What the end-to-end tests share: the server process (on the harness of
+tools/harness/coalesce_harness.py, failing the test when it does not start), a
+gRPC client of coalesce.v1 with health and reflection, and Prometheus metrics
+looked up by name and labels.
 
 The client's message classes come from e2e_protos (a descriptor set, no
 generated code).
@@ -15,17 +17,18 @@ Environment:
 import concurrent.futures
 import os
 import re
-import shutil
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 import grpc
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "tools", "harness"))
+import coalesce_harness  # noqa: E402
+from coalesce_harness import die_with_parent  # noqa: E402,F401  (tests import it from here)
+
 SERVER = os.environ.get("COALESCE_SERVER") or os.path.join(REPO, "build", "bin", "coalesce-server")
 MODELS = os.environ.get("COALESCE_MODELS_DIR") or os.path.join(REPO, "..", "shared", "models")
 MODEL_BIN = os.path.join(MODELS, "stories260K", "stories260K.bin")
@@ -42,26 +45,20 @@ CONTEXT = 512
 RPC_TIMEOUT = 60  # seconds; no call in this file should come near it
 
 # ---------------------------------------------------------------------------
-# The server process
+# The server process (tools/harness/coalesce_harness.py)
 # ---------------------------------------------------------------------------
 
-def die_with_parent(argv):
-    """`argv` run so that the child gets SIGKILL if pytest dies (e.g. killed by a
-    ctest timeout): util-linux's setpriv sets PR_SET_PDEATHSIG and execs it.
-    Not a preexec_fn: Python code between fork and exec in a process with
-    threads (gRPC's, the log readers) can crash or deadlock the child."""
-    setpriv = shutil.which("setpriv")
-    return ([setpriv, "--pdeathsig=KILL", "--"] if setpriv else []) + list(argv)
-
-
-_SERVING_RE = re.compile(r"serving (\S+) on ([0-9.]+):(\d+) \(metrics port (-?\d+)\)")
 # Servers not yet killed, and every server started since the current test
 # began (conftest's log fixture prints the logs of both).
 _RUNNING_SERVERS = []
 _STARTED_IN_TEST = []
 
 
-class Server:
+class Server(coalesce_harness.ServerProcess):
+    """A coalesce-server for a test: stories260K unless `model_flags` say
+    otherwise, then COALESCE_SERVER_FLAGS, then the test's `extra_flags`. A
+    server that does not start fails the test."""
+
     def __init__(self, extra_flags=(), model_flags=None):
         """`model_flags` replaces the default --model/--tokenizer (stories260K)."""
         if not os.path.exists(SERVER):
@@ -71,60 +68,28 @@ class Server:
                 pytest.fail("model file not found: %s (set COALESCE_MODELS_DIR)" % f)
         if model_flags is None:
             model_flags = ["--model=" + MODEL_BIN, "--tokenizer=" + TOKENIZER_BIN]
-        self.cmd = ([SERVER] + list(model_flags) + SERVER_FLAGS +
-                    ["--port=0", "--metrics_port=0", "--host=127.0.0.1"] + list(extra_flags))
-        self._log = []
-        self._lock = threading.Lock()
-        self._serving = threading.Event()
-        self.proc = subprocess.Popen(die_with_parent(self.cmd), stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        self._reader = threading.Thread(target=self._drain, daemon=True)
-        self._reader.start()
-        self.port = self.metrics_port = None
-        if not self._serving.wait(60):
-            self.kill()
-            pytest.fail("server did not log 'serving ' within 60 s; cmd %s\nlog:\n%s"
-                        % (" ".join(self.cmd), self.log()))
-        if self.port is None:
-            self.kill()
-            pytest.fail("server exited before serving (rc %s); log:\n%s"
-                        % (self.proc.returncode, self.log()))
-        self.address = "127.0.0.1:%d" % self.port
+        error = None
+        try:
+            super().__init__(SERVER, extra_flags, leading_flags=list(model_flags) + SERVER_FLAGS,
+                             start_timeout_s=60)
+        except coalesce_harness.HarnessError as e:
+            error = str(e)
+        if error:
+            pytest.fail(error)  # outside the except: no chained traceback
         _RUNNING_SERVERS.append(self)
         _STARTED_IN_TEST.append(self)
 
-    def _drain(self):
-        for raw in iter(self.proc.stdout.readline, b""):
-            line = raw.decode("utf-8", "replace")
-            with self._lock:
-                self._log.append(line)
-            if self.port is None:
-                m = _SERVING_RE.search(line)
-                if m:
-                    self.port = int(m.group(3))
-                    self.metrics_port = int(m.group(4))
-                    self._serving.set()
-        self.proc.wait()
-        self._serving.set()
-
-    def log(self, start=0):
-        with self._lock:
-            return "".join(self._log[start:])
-
-    def log_len(self):
-        with self._lock:
-            return len(self._log)
-
     def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
-        self._reader.join(5)
+        super().kill()
         if self in _RUNNING_SERVERS:
             _RUNNING_SERVERS.remove(self)
+
+    def stop(self, grace_s=15.0):
+        try:
+            return super().stop(grace_s)
+        finally:
+            if self in _RUNNING_SERVERS:
+                _RUNNING_SERVERS.remove(self)
 
 
 def start_server(extra_flags, model_flags=None):
@@ -284,12 +249,9 @@ class Client:
 
     # -- metrics -----------------------------------------------------------
     def metrics(self):
-        url = "http://127.0.0.1:%d/metrics" % self.server.metrics_port
-        with urllib.request.urlopen(url, timeout=10) as f:
-            return parse_metrics(f.read().decode("utf-8"))
+        return parse_metrics(coalesce_harness.read_metrics_text(self.server.metrics_port))
 
 
-_METRIC_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
 _LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
@@ -308,14 +270,11 @@ class Metrics(dict):
 
 
 def parse_metrics(text):
+    """Metrics of Prometheus text (the harness parses the lines; an
+    unparsable one raises its HarnessError)."""
     out = Metrics()
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _METRIC_RE.match(line)
-        assert m, "unparsable metrics line: %r" % line
-        labels = tuple(sorted(_LABEL_RE.findall(m.group(3) or "")))
-        out[(m.group(1), labels)] = float(m.group(4))
+    for name, labels, value in coalesce_harness.metric_samples(text):
+        out[(name, tuple(sorted(_LABEL_RE.findall(labels))))] = value
     return out
 
 

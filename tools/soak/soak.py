@@ -36,20 +36,18 @@ import argparse
 import json
 import os
 import random
-import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 
 import grpc
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests", "service"))
+sys.path.insert(0, os.path.join(REPO, "tools", "harness"))
+from coalesce_harness import HarnessError, ServerProcess  # noqa: E402
 from e2e_protos import compile_descriptors, load_stubs  # noqa: E402
 
 MODELS = os.environ.get("COALESCE_MODELS_DIR") or os.path.join(REPO, "..", "shared", "models")
@@ -85,43 +83,25 @@ class Soak:
 
     # -- the server ----------------------------------------------------------
     def start_server(self):
-        cmd = [self.args.server,
-               "--model=" + os.path.join(MODELS, "stories260K", "stories260K.bin"),
-               "--tokenizer=" + os.path.join(MODELS, "stories260K", "tok512.bin"),
-               "--host=127.0.0.1", "--port=0", "--metrics_port=0",
-               "--kv_cache_memory=600KiB", "--kv_block_size=16", "--max_batch_size=16",
-               "--max_batch_tokens=64", "--max_queue=256", "--stream_stall_timeout=200ms",
-               "--grace_period=10s"] + self.args.server_flag
-        self.log = open(os.path.join(self.args.workdir, "server.log"), "w+")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log,
-                                     stderr=subprocess.STDOUT)
-        pattern = re.compile(r"serving \S+ on [0-9.]+:(\d+) \(metrics port (\d+)\)")
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            self.log.seek(0)
-            m = pattern.search(self.log.read())
-            if m:
-                self.port, self.metrics_port = int(m.group(1)), int(m.group(2))
-                self.address = "127.0.0.1:%d" % self.port
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        raise SystemExit("the server did not start; see %s" % self.log.name)
+        """The server, on tools/harness/coalesce_harness.py."""
+        model = ["--model=" + os.path.join(MODELS, "stories260K", "stories260K.bin"),
+                 "--tokenizer=" + os.path.join(MODELS, "stories260K", "tok512.bin")]
+        flags = ["--kv_cache_memory=600KiB", "--kv_block_size=16", "--max_batch_size=16",
+                 "--max_batch_tokens=64", "--max_queue=256", "--stream_stall_timeout=200ms",
+                 "--grace_period=10s"] + self.args.server_flag
+        try:
+            self.server = ServerProcess(self.args.server, flags, leading_flags=model,
+                                        start_timeout_s=60)
+        except HarnessError as e:
+            raise SystemExit("the server did not start: %s" % e)
+        self.address = self.server.address
 
     def metrics(self):
-        url = "http://127.0.0.1:%d/metrics" % self.metrics_port
-        with urllib.request.urlopen(url, timeout=10) as f:
-            text = f.read().decode()
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(" ", 1)
-                out[name] = float(value)
-        return out
+        """{series: value}: 'name' or 'name{labels}' as the server writes them."""
+        return self.server.metrics()
 
     def sample(self, t0):
-        pid = self.proc.pid
+        pid = self.server.proc.pid
         with open("/proc/%d/status" % pid) as f:
             rss = next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
         fds = len(os.listdir("/proc/%d/fd" % pid))
@@ -310,8 +290,9 @@ class Soak:
             time.sleep(min(self.args.sample_every, max(0.1, self.args.seconds
                                                         - (time.monotonic() - t0))))
             self.sample(t0)
-            if self.proc.poll() is not None:
-                self.fail("the server exited during the run (status %s)" % self.proc.returncode)
+            if not self.server.running():
+                self.fail("the server exited during the run (status %s)"
+                          % self.server.proc.returncode)
                 break
             if time.monotonic() >= next_report:
                 next_report += 60
@@ -349,11 +330,8 @@ class Soak:
                        rss_end <= rss_mid * 1.10 + 8 * 1024))
         checks.append(("file descriptors on a plateau (%d -> %d)" % (fds_mid, fds_end),
                        fds_end <= fds_mid + 8))
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        rc = self.server.stop(grace_s=30)
+        if rc is None:
             rc = "timeout"
         checks.append(("clean exit on SIGTERM (status %s)" % rc, rc == 0))
         report = {
@@ -402,11 +380,10 @@ def main():
         try:
             rc = soak.run()
         finally:
-            if soak.__dict__.get("proc") is not None and soak.proc.poll() is None:
-                soak.proc.kill()
+            if soak.__dict__.get("server") is not None:
+                soak.server.kill()
         if rc != 0:
-            soak.log.seek(0)
-            lines = soak.log.read().splitlines()
+            lines = soak.server.log().splitlines()
             print("---- last server log lines ----\n" + "\n".join(lines[-40:]))
     return rc
 
