@@ -4,8 +4,6 @@
 #include <signal.h>
 
 #include <algorithm>
-#include <climits>
-#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -13,20 +11,12 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "common/flags.h"
 #include "common/log.h"
-#include "engine/cpu/memory_bandwidth.h"
-#include "engine/model/load.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
-#include "grpcpp/grpcpp.h"
 #include "service/backend_factory.h"
-#include "service/generator_service.h"
-#include "service/health_service.h"
 #include "service/library_logs.h"
-#include "service/listen_check.h"
+#include "service/server.h"
 #include "service/server_options.h"
-#include "service/shutdown.h"
 
 namespace {
 // The server's defaults are ServerOptions' (service/server_options.h): each
@@ -231,210 +221,23 @@ sigset_t ShutdownSignals() {
   return signals;
 }
 
+// Serves until SIGINT/SIGTERM (taken by a thread of its own) or a lost
+// device; returns the exit code.
 int Serve(const ServerOptions& options) {
-  // 1. The model.
-  const absl::Time load_start = absl::Now();
-  absl::StatusOr<engine::LoadedModel> loaded =
-      engine::LoadModel({.model = options.model, .tokenizer = options.tokenizer});
-  if (!loaded.ok()) {
-    Log(LogLevel::kError, absl::StrCat("cannot load the model: ", loaded.status().message()));
-    return 1;
-  }
-  const engine::ModelConfig& config = loaded->model->config;
-  LogF(LogLevel::kInfo,
-       "model %s from %s: %d layers, dim %d, %d heads (%d kv), vocab %d, context %d, "
-       "%.1fM parameters, loaded in %.2f s",
-       config.name, config.source, config.n_layers, config.dim, config.n_heads, config.n_kv_heads,
-       config.vocab_size, config.max_seq_len, config.num_parameters() / 1e6,
-       absl::ToDoubleSeconds(absl::Now() - load_start));
-  if (config.synthetic) {
-    Log(LogLevel::kWarning,
-        "this is a SYNTHETIC model with random weights: its output is not language. "
-        "Pass --model=FILE to serve a real model.");
-  }
-
-  // 2. The backend (--device, --dtype) and its KV cache.
-  absl::StatusOr<std::unique_ptr<engine::Backend>> backend =
-      service::CreateBackend(options, loaded->model, loaded->tokenizer->eos_ids());
-  if (!backend.ok()) {
-    Log(LogLevel::kError, std::string(backend.status().message()));
-    return backend.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-  }
-  const engine::KvCacheConfig& kv = (*backend)->kv_cache();
-  const int64_t context_blocks = (config.max_seq_len + kv.block_size - 1) / kv.block_size;
-  LogF(LogLevel::kInfo, "backend: %s", (*backend)->Describe());
-  const engine::BackendCapabilities capabilities = (*backend)->capabilities();
-  if (!capabilities.runs_model) {
-    Log(LogLevel::kWarning,
-        "--device=null: the NULL backend does no arithmetic, for measuring the server's own "
-        "cost; its output is meaningless. Pass --device=cpu or cuda to run the model.");
-  }
-  LogF(LogLevel::kInfo,
-       "KV cache: %d blocks of %d tokens (%.1f MiB): %d tokens, %.1f full-context "
-       "sequences",
-       kv.num_blocks, kv.block_size,
-       static_cast<double>(kv.num_blocks) * kv.block_size * (*backend)->kv_bytes_per_token() /
-           1048576.0,
-       int64_t{kv.num_blocks} * kv.block_size, static_cast<double>(kv.num_blocks) / context_blocks);
-
-  // 3. Metrics, the engine loop and the service.
-  auto registry = std::make_shared<prometheus::Registry>();
-  metrics::ServerInfo info;
-  info.version = COALESCE_VERSION;
-  info.model = config.name;
-  info.architecture = config.architecture;
-  info.backend = std::string((*backend)->name());
-  info.synthetic = config.synthetic;
-  info.parameters = config.num_parameters();
-  if (capabilities.weights_in_host_memory) {
-    info.memory_bandwidth = engine::MeasureMemoryReadBandwidth(
-        options.threads > 0 ? options.threads
-                            : static_cast<int>(std::thread::hardware_concurrency()));
-    LogF(LogLevel::kInfo,
-         "memory read bandwidth: %.1f GB/s (measured); one decode step reads at "
-         "least %.1f MB of weights",
-         info.memory_bandwidth / 1e9, (*backend)->weight_bytes() / 1e6);
-  } else if (capabilities.runs_model) {
-    // Host memory bandwidth says nothing about a GPU's; left unmeasured (0),
-    // the bandwidth utilisation metric stays unset (as for the null backend,
-    // which reads nothing).
-    LogF(LogLevel::kInfo, "one decode step reads at least %.1f MB of weights",
-         (*backend)->weight_bytes() / 1e6);
-  }
-  metrics::ServerMetrics server_metrics(registry, info);
-  std::unique_ptr<metrics::MetricsEndpoint> metrics_endpoint;
-  if (options.metrics_port >= 0) {
-    std::string error;
-    metrics_endpoint = metrics::MetricsEndpoint::Start(
-        absl::StrCat(options.host, ":", options.metrics_port), registry, &error);
-    if (metrics_endpoint == nullptr) {
-      Log(LogLevel::kError,
-          absl::StrCat("cannot serve metrics on port ", options.metrics_port, ": ", error));
-      return 1;
-    }
-  }
-  batcher::EngineLoopOptions loop_options;
-  loop_options.scheduler = options.scheduler;
-  loop_options.max_batch_tokens = options.max_batch_tokens;
-  loop_options.max_queue = options.max_queue;
-  loop_options.log_steps = options.log_steps;
-  loop_options.overlap_steps = options.overlap_steps.value_or(capabilities.overlap_pays);
-  // The metrics see every loop event; a step that loses the device also
-  // triggers the shutdown below.
-  service::ShutdownTrigger shutdown;
-  service::DeviceLossWatcher watcher(&server_metrics, &shutdown);
-  batcher::EngineLoop loop(backend->get(), loaded->tokenizer.get(), loop_options, RealClock(),
-                           &watcher);
-  loop.Start();
-  service::GeneratorServiceOptions service_options;
-  service_options.max_batch_size = options.scheduler.max_batch_size;
-  service_options.work_threads = options.work_threads;
-  service_options.max_pending_work = options.max_queue;
-  service_options.stream_stall_timeout = options.stream_stall_timeout;
-  service::GeneratorService service(&loop, loaded->tokenizer.get(), backend->get(), service_options,
-                                    &server_metrics);
-  // Our own health service (service/health_service.h says why), for the
-  // server ("") and the Generator.
-  service::HealthService health({std::string(v1::Generator::service_full_name())});
-
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int grpc_port = 0;
-  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port),
-                           grpc::InsecureServerCredentials(), &grpc_port);
-  // A port another process listens on is a start-up error: with
-  // SO_REUSEPORT (gRPC's default) a second server would share it, and new
-  // connections would be split between two servers, perhaps of two models.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.SetMaxReceiveMessageSize(options.max_request_bytes);
-  // Compressed requests are refused (UNIMPLEMENTED, before any message is
-  // read): gRPC checks --max_request_bytes against the compressed size and
-  // then inflates without bound, so 1 MB of gzip became 1 GiB in memory.
-  // Requests are small (a prompt); responses are never compressed either.
-  builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_DEFLATE, false);
-  builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_GZIP, false);
-  // Connection ageing: a GOAWAY after max_connection_age makes clients
-  // reconnect (and re-resolve, so new replicas get traffic); running streams
-  // get the grace period to finish first.
-  auto millis = [](absl::Duration d) {
-    return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d), INT32_MAX));
-  };
-  if (options.max_connection_age < absl::InfiniteDuration()) {
-    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, millis(options.max_connection_age));
-    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, millis(options.grace_period));
-  }
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, millis(options.keepalive_time));
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, millis(options.keepalive_timeout));
-  // Accept client keepalive pings as often as every 10 s, even between calls.
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
-  builder.RegisterService(&service);
-  builder.RegisterService(&health);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || grpc_port == 0) {
-    const std::string why = service::ListenError(options.host, options.port);
-    Log(LogLevel::kError, absl::StrCat("cannot listen on ", options.host, ":", options.port,
-                                       why.empty() ? "" : ": ", why));
-    return 1;
-  }
-  health.SetServing(true);
-  LogF(LogLevel::kInfo,
-       "serving %s on %s:%d (metrics port %d), backend %s, max_batch_size %d, "
-       "batch_window %s, batching %s, overlap_steps %s",
-       config.name, options.host, grpc_port, metrics_endpoint ? metrics_endpoint->port() : -1,
-       (*backend)->name(), options.scheduler.max_batch_size,
-       absl::FormatDuration(options.scheduler.batch_window), absl::GetFlag(FLAGS_batching),
-       loop_options.overlap_steps ? "on" : "off");
-
-  // 4. Wait for a reason to stop: SIGINT/SIGTERM (taken by a thread of its
-  //    own) or a lost device (the watcher, on the engine thread). Then drain:
-  //    NOT_SERVING on health (which also ends the Watch streams), refuse new
-  //    calls, let running generations finish within the grace period (after
-  //    a lost device the loop has already failed them all, so a short drain
-  //    only sends their final status), end those still running with their
-  //    final message, and cancel what is left once that had time to go out.
-  std::thread signal_thread([&shutdown] {
+  int exit_code = 1;
+  std::unique_ptr<service::Server> server = service::Server::Start(options, &exit_code);
+  if (server == nullptr) return exit_code;
+  std::thread signal_thread([&server] {
     const sigset_t signals = ShutdownSignals();
     int signal_number = 0;
     sigwait(&signals, &signal_number);
-    shutdown.Request(0, strsignal(signal_number));
+    server->shutdown().Request(0, strsignal(signal_number));
   });
-  const service::ShutdownReason reason = shutdown.Wait();
-  const bool device_lost = reason.exit_code != 0;
-  const absl::Duration drain = device_lost
-                                   ? std::min(options.grace_period, service::kDeviceLostDrain)
-                                   : options.grace_period;
-  LogF(device_lost ? LogLevel::kError : LogLevel::kInfo, "%s: draining for at most %s", reason.why,
-       absl::FormatDuration(drain));
-  const absl::Time drain_end = absl::Now() + drain;
-  health.Shutdown();
-  // Shutdown sends GOAWAY at once: clients stop sending new calls here, while
-  // the calls already running go on. It returns when every call has ended,
-  // or cancels those left at its deadline. A call already on its way never
-  // reaches the service: the client gets UNAVAILABLE when the transport
-  // refuses it, but CANCELLED when gRPC had accepted it and not yet handed it
-  // to the service (gRPC cancels those on Shutdown, grpc/grpc#41785).
-  std::thread grpc_shutdown(
-      [&] { server->Shutdown(absl::ToChronoTime(drain_end + service::kFinalMessageTime)); });
-  if (!service.WaitForGenerateCalls(drain_end)) {
-    Log(LogLevel::kInfo,
-        "grace period over: ending the generations still running with finish_reason "
-        "CANCELLED");
-  }
-  // Ends whatever still runs or waits with its final message.
-  loop.Stop();
-  grpc_shutdown.join();
-  server->Wait();
-  absl::SleepFor(service::kCloseLinger);
+  exit_code = server->WaitAndDrain();
   // After a lost device the signal thread still waits: wake it to end it.
-  if (device_lost) pthread_kill(signal_thread.native_handle(), SIGTERM);
+  if (exit_code != 0) pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();
-  if (device_lost) {
-    LogF(LogLevel::kError, "stopped after a lost device: exit code %d", reason.exit_code);
-  } else {
-    Log(LogLevel::kInfo, "stopped");
-  }
-  return reason.exit_code;
+  return exit_code;
 }
 
 }  // namespace

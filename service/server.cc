@@ -1,0 +1,234 @@
+#include "service/server.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "engine/cpu/memory_bandwidth.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "service/backend_factory.h"
+#include "service/listen_check.h"
+
+namespace coalesce::service {
+namespace {
+
+// Connection settings: limits on what a client may send, and how long a
+// connection lives and is kept alive.
+void ConfigureConnections(const ServerOptions& options, grpc::ServerBuilder& builder) {
+  // A port another process listens on is a start-up error: with
+  // SO_REUSEPORT (gRPC's default) a second server would share it, and new
+  // connections would be split between two servers, perhaps of two models.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(options.max_request_bytes);
+  // Compressed requests are refused (UNIMPLEMENTED, before any message is
+  // read): gRPC checks --max_request_bytes against the compressed size and
+  // then inflates without bound, so 1 MB of gzip became 1 GiB in memory.
+  // Requests are small (a prompt); responses are never compressed either.
+  builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_DEFLATE, false);
+  builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_GZIP, false);
+  // Connection ageing: a GOAWAY after max_connection_age makes clients
+  // reconnect (and re-resolve, so new replicas get traffic); running streams
+  // get the grace period to finish first.
+  auto millis = [](absl::Duration d) {
+    return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d), INT32_MAX));
+  };
+  if (options.max_connection_age < absl::InfiniteDuration()) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, millis(options.max_connection_age));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, millis(options.grace_period));
+  }
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, millis(options.keepalive_time));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, millis(options.keepalive_timeout));
+  // Accept client keepalive pings as often as every 10 s, even between calls.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+}
+
+}  // namespace
+
+std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_code) {
+  *exit_code = 1;
+  std::unique_ptr<Server> s(new Server(options));
+
+  // 1. The model.
+  const absl::Time load_start = absl::Now();
+  absl::StatusOr<engine::LoadedModel> loaded =
+      engine::LoadModel({.model = options.model, .tokenizer = options.tokenizer});
+  if (!loaded.ok()) {
+    Log(LogLevel::kError, absl::StrCat("cannot load the model: ", loaded.status().message()));
+    return nullptr;
+  }
+  s->model_ = *std::move(loaded);
+  const engine::ModelConfig& config = s->model_.model->config;
+  LogF(LogLevel::kInfo,
+       "model %s from %s: %d layers, dim %d, %d heads (%d kv), vocab %d, context %d, "
+       "%.1fM parameters, loaded in %.2f s",
+       config.name, config.source, config.n_layers, config.dim, config.n_heads, config.n_kv_heads,
+       config.vocab_size, config.max_seq_len, config.num_parameters() / 1e6,
+       absl::ToDoubleSeconds(absl::Now() - load_start));
+  if (config.synthetic) {
+    Log(LogLevel::kWarning,
+        "this is a SYNTHETIC model with random weights: its output is not language. "
+        "Pass --model=FILE to serve a real model.");
+  }
+
+  // 2. The backend (--device, --dtype) and its KV cache.
+  absl::StatusOr<std::unique_ptr<engine::Backend>> backend =
+      CreateBackend(options, s->model_.model, s->model_.tokenizer->eos_ids());
+  if (!backend.ok()) {
+    Log(LogLevel::kError, std::string(backend.status().message()));
+    if (backend.status().code() == absl::StatusCode::kInvalidArgument) *exit_code = 2;
+    return nullptr;
+  }
+  s->backend_ = *std::move(backend);
+  engine::Backend& b = *s->backend_;
+  const engine::KvCacheConfig& kv = b.kv_cache();
+  const int64_t context_blocks = (config.max_seq_len + kv.block_size - 1) / kv.block_size;
+  LogF(LogLevel::kInfo, "backend: %s", b.Describe());
+  const engine::BackendCapabilities capabilities = b.capabilities();
+  if (!capabilities.runs_model) {
+    Log(LogLevel::kWarning,
+        "--device=null: the NULL backend does no arithmetic, for measuring the server's own "
+        "cost; its output is meaningless. Pass --device=cpu or cuda to run the model.");
+  }
+  LogF(LogLevel::kInfo,
+       "KV cache: %d blocks of %d tokens (%.1f MiB): %d tokens, %.1f full-context "
+       "sequences",
+       kv.num_blocks, kv.block_size,
+       static_cast<double>(kv.num_blocks) * kv.block_size * b.kv_bytes_per_token() / 1048576.0,
+       int64_t{kv.num_blocks} * kv.block_size, static_cast<double>(kv.num_blocks) / context_blocks);
+
+  // 3. Metrics, the engine loop and the service.
+  metrics::ServerInfo info;
+  info.version = COALESCE_VERSION;
+  info.model = config.name;
+  info.architecture = config.architecture;
+  info.backend = std::string(b.name());
+  info.synthetic = config.synthetic;
+  info.parameters = config.num_parameters();
+  if (capabilities.weights_in_host_memory) {
+    info.memory_bandwidth = engine::MeasureMemoryReadBandwidth(
+        options.threads > 0 ? options.threads
+                            : static_cast<int>(std::thread::hardware_concurrency()));
+    LogF(LogLevel::kInfo,
+         "memory read bandwidth: %.1f GB/s (measured); one decode step reads at "
+         "least %.1f MB of weights",
+         info.memory_bandwidth / 1e9, b.weight_bytes() / 1e6);
+  } else if (capabilities.runs_model) {
+    // Host memory bandwidth says nothing about a GPU's; left unmeasured (0),
+    // the bandwidth utilisation metric stays unset (as for the null backend,
+    // which reads nothing).
+    LogF(LogLevel::kInfo, "one decode step reads at least %.1f MB of weights",
+         b.weight_bytes() / 1e6);
+  }
+  auto registry = std::make_shared<prometheus::Registry>();
+  s->metrics_ = std::make_unique<metrics::ServerMetrics>(registry, info);
+  if (options.metrics_port >= 0) {
+    std::string error;
+    s->metrics_endpoint_ = metrics::MetricsEndpoint::Start(
+        absl::StrCat(options.host, ":", options.metrics_port), registry, &error);
+    if (s->metrics_endpoint_ == nullptr) {
+      Log(LogLevel::kError,
+          absl::StrCat("cannot serve metrics on port ", options.metrics_port, ": ", error));
+      return nullptr;
+    }
+  }
+  batcher::EngineLoopOptions loop_options;
+  loop_options.scheduler = options.scheduler;
+  loop_options.max_batch_tokens = options.max_batch_tokens;
+  loop_options.max_queue = options.max_queue;
+  loop_options.log_steps = options.log_steps;
+  loop_options.overlap_steps = options.overlap_steps.value_or(capabilities.overlap_pays);
+  // The metrics see every loop event; a step that loses the device also
+  // requests the shutdown.
+  s->watcher_ = std::make_unique<DeviceLossWatcher>(s->metrics_.get(), &s->shutdown_);
+  s->loop_ = std::make_unique<batcher::EngineLoop>(&b, s->model_.tokenizer.get(), loop_options,
+                                                   RealClock(), s->watcher_.get());
+  s->loop_->Start();
+  GeneratorServiceOptions service_options;
+  service_options.max_batch_size = options.scheduler.max_batch_size;
+  service_options.work_threads = options.work_threads;
+  service_options.max_pending_work = options.max_queue;
+  service_options.stream_stall_timeout = options.stream_stall_timeout;
+  s->service_ = std::make_unique<GeneratorService>(s->loop_.get(), s->model_.tokenizer.get(), &b,
+                                                   service_options, s->metrics_.get());
+  // Our own health service (service/health_service.h says why), for the
+  // server ("") and the Generator.
+  s->health_ = std::make_unique<HealthService>(
+      std::vector<std::string>{std::string(v1::Generator::service_full_name())});
+
+  // 4. The gRPC server.
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port),
+                           grpc::InsecureServerCredentials(), &grpc_port);
+  ConfigureConnections(options, builder);
+  builder.RegisterService(s->service_.get());
+  builder.RegisterService(s->health_.get());
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || grpc_port == 0) {
+    const std::string why = ListenError(options.host, options.port);
+    Log(LogLevel::kError, absl::StrCat("cannot listen on ", options.host, ":", options.port,
+                                       why.empty() ? "" : ": ", why));
+    return nullptr;
+  }
+  s->health_->SetServing(true);
+  LogF(LogLevel::kInfo,
+       "serving %s on %s:%d (metrics port %d), backend %s, max_batch_size %d, "
+       "batch_window %s, batching %s, overlap_steps %s",
+       config.name, options.host, grpc_port,
+       s->metrics_endpoint_ ? s->metrics_endpoint_->port() : -1, b.name(),
+       options.scheduler.max_batch_size, absl::FormatDuration(options.scheduler.batch_window),
+       batcher::BatchingModeName(options.scheduler.mode),
+       loop_options.overlap_steps ? "on" : "off");
+  *exit_code = 0;
+  return s;
+}
+
+// The members go in reverse order of their building: the gRPC server first,
+// the engine loop (which stops itself) before its backend, the model last.
+Server::~Server() = default;
+
+int Server::WaitAndDrain() {
+  const ShutdownReason reason = shutdown_.Wait();
+  const bool device_lost = reason.exit_code != 0;
+  const absl::Duration drain =
+      device_lost ? std::min(options_.grace_period, kDeviceLostDrain) : options_.grace_period;
+  LogF(device_lost ? LogLevel::kError : LogLevel::kInfo, "%s: draining for at most %s", reason.why,
+       absl::FormatDuration(drain));
+  const absl::Time drain_end = absl::Now() + drain;
+  health_->Shutdown();
+  // Shutdown sends GOAWAY at once: clients stop sending new calls here, while
+  // the calls already running go on. It returns when every call has ended,
+  // or cancels those left at its deadline. A call already on its way never
+  // reaches the service: the client gets UNAVAILABLE when the transport
+  // refuses it, but CANCELLED when gRPC had accepted it and not yet handed it
+  // to the service (gRPC cancels those on Shutdown, grpc/grpc#41785).
+  std::thread grpc_shutdown(
+      [&] { server_->Shutdown(absl::ToChronoTime(drain_end + kFinalMessageTime)); });
+  if (!service_->WaitForGenerateCalls(drain_end)) {
+    Log(LogLevel::kInfo,
+        "grace period over: ending the generations still running with finish_reason "
+        "CANCELLED");
+  }
+  // Ends whatever still runs or waits with its final message.
+  loop_->Stop();
+  grpc_shutdown.join();
+  server_->Wait();
+  absl::SleepFor(kCloseLinger);
+  if (device_lost) {
+    LogF(LogLevel::kError, "stopped after a lost device: exit code %d", reason.exit_code);
+  } else {
+    Log(LogLevel::kInfo, "stopped");
+  }
+  return reason.exit_code;
+}
+
+}  // namespace coalesce::service

@@ -1,0 +1,60 @@
+// coalesce-server's parts, wired: the model and its backend, the metrics
+// endpoint, the engine loop, the gRPC services and the gRPC server, built from
+// ServerOptions; and their shutdown, in order. main.cc turns flags into
+// options and signals into shutdown requests.
+#pragma once
+
+#include <memory>
+
+#include "batcher/engine_loop.h"
+#include "engine/backend.h"
+#include "engine/model/load.h"
+#include "grpcpp/server.h"
+#include "metrics/server_metrics.h"
+#include "service/generator_service.h"
+#include "service/health_service.h"
+#include "service/server_options.h"
+#include "service/shutdown.h"
+
+namespace coalesce::service {
+
+class Server {
+ public:
+  // Loads the model, creates the backend and its KV cache, and starts the
+  // metrics endpoint, the engine loop and the gRPC server, logging each. On
+  // failure, logs why and returns null with the process exit code in
+  // `*exit_code`: 2 for a configuration the backend refuses (a bad flag), 1
+  // for anything else (a model that does not load, a port in use).
+  static std::unique_ptr<Server> Start(const ServerOptions& options, int* exit_code);
+  ~Server();
+
+  // Where a shutdown is requested: a signal (main.cc) or a lost device (the
+  // engine loop's watcher).
+  ShutdownTrigger& shutdown() { return shutdown_; }
+
+  // Blocks until shutdown() is requested; then drains: NOT_SERVING on health
+  // (which also ends the Watch streams), new calls refused, running
+  // generations given the grace period (after a lost device the loop has
+  // already failed them, so a short drain only sends their final status),
+  // those still running ended with their final message, and what is left
+  // cancelled once that had time to go out. Returns the exit code.
+  int WaitAndDrain();
+
+ private:
+  explicit Server(const ServerOptions& options) : options_(options) {}
+
+  const ServerOptions options_;
+  // In the order they are built; destroyed in reverse.
+  engine::LoadedModel model_;
+  std::unique_ptr<engine::Backend> backend_;
+  std::unique_ptr<metrics::ServerMetrics> metrics_;
+  std::unique_ptr<metrics::MetricsEndpoint> metrics_endpoint_;
+  ShutdownTrigger shutdown_;
+  std::unique_ptr<DeviceLossWatcher> watcher_;
+  std::unique_ptr<batcher::EngineLoop> loop_;
+  std::unique_ptr<GeneratorService> service_;
+  std::unique_ptr<HealthService> health_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+}  // namespace coalesce::service
