@@ -90,7 +90,8 @@ ABSL_FLAG(std::string, fault_injection, "",
 ABSL_FLAG(absl::Duration, grace_period, Defaults().grace_period,
           "On SIGTERM/SIGINT, how long running streams may take to finish. Those still "
           "running then end with their final message (finish_reason CANCELLED, with usage), "
-          "and the server exits once that is sent (at most 5 s later).");
+          "and the server exits once that is sent (at most 5 s later) and its clients have had "
+          "half a second to close their connections.");
 ABSL_FLAG(absl::Duration, stream_stall_timeout, Defaults().stream_stall_timeout,
           "A Generate stream whose client reads nothing for this long, while the engine "
           "still generates for it, is ended (CANCELLED) and its batch slot and KV blocks "
