@@ -1,5 +1,6 @@
-// Shared by the CUDA tests: skipping without a GPU, device arrays, and
-// conversions to the storage types.
+// Shared by the CUDA tests: device arrays and conversions to the storage
+// types. Skipping without a GPU (COALESCE_REQUIRE_GPU) and RelativeError come
+// from backend_test_support.h, shared with every backend test.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -14,17 +15,9 @@
 #include <vector>
 
 #include "engine/cuda/cuda_backend.h"
+#include "tests/engine/backend_test_support.h"
 
 namespace coalesce::engine::testing {
-
-// Skips the calling test, with the reason, when no CUDA device is usable.
-#define COALESCE_REQUIRE_GPU()                          \
-  do {                                                  \
-    std::string why_;                                   \
-    if (!::coalesce::engine::CudaDeviceUsable(&why_)) { \
-      GTEST_SKIP() << "no GPU to test on: " << why_;    \
-    }                                                   \
-  } while (false)
 
 #define CUDA_ASSERT_OK(expr) ASSERT_EQ((expr), cudaSuccess) << cudaGetErrorString(expr)
 
@@ -96,17 +89,6 @@ std::vector<float> ToFloats(const std::vector<T>& v) {
   std::vector<float> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = ToFloat(v[i]);
   return out;
-}
-
-// ||a - b|| / ||b|| (NaN anywhere gives NaN, which fails every bound).
-inline double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  if (a.size() != b.size()) return INFINITY;
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
 }
 
 }  // namespace coalesce::engine::testing

@@ -1,7 +1,10 @@
-// The null backend (engine/null/null_backend.h): deterministic tokens that depend
-// only on each sequence's last token and position, never an id it must avoid,
-// Step's logits agreeing with StepAndSample, every bad step refused as a real
-// backend refuses it, and nothing read or held.
+// The null backend (engine/null/null_backend.h), what only it promises:
+// deterministic tokens that depend only on each sequence's last token and
+// position, never an id it must avoid, and a shape taken from a config
+// without weights. The contract every backend keeps (bad steps refused as a
+// real backend refuses them, batch mates and chunking, Step's logits agreeing
+// with StepAndSample, describing itself, nothing read or held) is in
+// backend_contract_test.cc.
 #include "engine/null/null_backend.h"
 
 #include <gtest/gtest.h>
@@ -12,9 +15,12 @@
 
 #include "engine/model/synthetic.h"
 #include "engine/sampler.h"
+#include "tests/engine/backend_test_support.h"
 
 namespace coalesce::engine {
 namespace {
+
+using testing::SampleStep;
 
 // Only the shape matters: the null backend never looks at weights.
 ModelConfig Config(int vocab_size = 512, int max_seq_len = 64) {
@@ -38,42 +44,9 @@ std::unique_ptr<Backend> Make(const ModelConfig& config, std::vector<int32_t> ne
   return backend.ok() ? *std::move(backend) : nullptr;
 }
 
-// Runs StepAndSample; the tokens, or an empty vector on error (the status in
-// `status`).
-std::vector<int32_t> Sample(Backend& backend, const std::vector<int32_t>& tokens,
-                            const std::vector<SequenceStep>& seqs, absl::Status* status,
-                            const std::vector<SampleSpec>& sampling = {}) {
-  std::vector<SampleSpec> specs = sampling;
-  if (specs.empty()) specs.resize(seqs.size());
-  std::vector<int32_t> next(seqs.size(), -1);
-  *status = backend.StepAndSample({tokens, seqs}, specs, std::span<int32_t>(next));
-  return status->ok() ? next : std::vector<int32_t>();
-}
-
-TEST(NullBackendTest, DescribesItselfAndReadsNothing) {
-  std::unique_ptr<Backend> b = Make(Config());
-  ASSERT_NE(b, nullptr);
-  EXPECT_EQ(b->name(), "null");
-  EXPECT_NE(b->Describe().find("NO ARITHMETIC"), std::string::npos) << b->Describe();
-  EXPECT_NE(b->Describe().find("meaningless"), std::string::npos) << b->Describe();
-  EXPECT_EQ(b->weight_bytes(), 0);
-  EXPECT_EQ(b->kv_bytes_per_token(), 0);
-  EXPECT_EQ(b->config().vocab_size, 512);
-  EXPECT_EQ(b->kv_cache().block_size, 4);
-  EXPECT_EQ(b->kv_cache().num_blocks, 32);
-  // What the server asks instead of its name: no model run, nothing read
-  // from host memory, and steps too short for a step thread to pay.
-  const BackendCapabilities caps = b->capabilities();
-  EXPECT_FALSE(caps.runs_model);
-  EXPECT_FALSE(caps.weights_in_host_memory);
-  EXPECT_FALSE(caps.overlap_pays);
-}
-
-TEST(NullBackendTest, RejectsBadOptions) {
+// (A bad KV cache or a vocabulary of no ids: backend_contract_test.cc.)
+TEST(NullBackendTest, RefusesToAvoidEveryIdAndEmitsTheOnlyIdLeft) {
   const ModelConfig c = Config(/*vocab_size=*/3);
-  EXPECT_FALSE(CreateNullBackend(c, {.kv_cache = {.block_size = 0, .num_blocks = 4}}).ok());
-  EXPECT_FALSE(CreateNullBackend(c, {.kv_cache = {.block_size = 4, .num_blocks = -1}}).ok());
-  EXPECT_FALSE(CreateNullBackend(Config(0), {.kv_cache = {.block_size = 4, .num_blocks = 4}}).ok());
   // Every id avoided: nothing left to emit.
   absl::StatusOr<std::unique_ptr<Backend>> none = CreateNullBackend(
       c, {.kv_cache = {.block_size = 4, .num_blocks = 4}, .never_emit = {2, 0, 1}});
@@ -85,7 +58,7 @@ TEST(NullBackendTest, RejectsBadOptions) {
   absl::Status status;
   for (int32_t last = 0; last < 3; ++last) {
     for (int32_t pos = 0; pos < 40; ++pos) {
-      EXPECT_EQ(Sample(*one, {last}, {{1, pos, table}}, &status), std::vector<int32_t>{1})
+      EXPECT_EQ(SampleStep(*one, {last}, {{1, pos, table}}, &status), std::vector<int32_t>{1})
           << status;
     }
   }
@@ -123,7 +96,7 @@ TEST(NullBackendTest, NeverEmitsAnAvoidedIdSoGenerationsRunToTheirLength) {
   std::set<int32_t> seen;
   absl::Status status;
   for (int32_t pos = 0; pos < 4000; ++pos) {
-    const std::vector<int32_t> next = Sample(*b, {token}, {{1, pos, table}}, &status);
+    const std::vector<int32_t> next = SampleStep(*b, {token}, {{1, pos, table}}, &status);
     ASSERT_TRUE(status.ok()) << status;
     token = next[0];
     ASSERT_NE(token, 2);
@@ -133,7 +106,9 @@ TEST(NullBackendTest, NeverEmitsAnAvoidedIdSoGenerationsRunToTheirLength) {
   EXPECT_EQ(seen, (std::set<int32_t>{0, 1, 3, 4, 5, 6}));
 }
 
-TEST(NullBackendTest, BatchMatesSamplingAndChunkingDoNotChangeTheTokens) {
+// Whatever shares the step, however the prompt is chunked and whatever the
+// sampling: each sequence's null token.
+TEST(NullBackendTest, EachSequenceGetsTheNullTokenOfItsLastTokenAndPosition) {
   std::unique_ptr<Backend> b = Make(Config());
   ASSERT_NE(b, nullptr);
   const std::vector<int32_t> t0 = {0, 1}, t1 = {2, 3}, t2 = {4, 5, 6, 7};
@@ -141,71 +116,17 @@ TEST(NullBackendTest, BatchMatesSamplingAndChunkingDoNotChangeTheTokens) {
   const std::vector<int32_t> tokens = {17, 1, 40, 41, 300};
   const std::vector<SequenceStep> seqs = {{1, 5, t0}, {3, 0, t1}, {1, 9, t2}};
   absl::Status status;
-  const std::vector<int32_t> next = Sample(*b, tokens, seqs, &status);
+  const std::vector<int32_t> next = SampleStep(*b, tokens, seqs, &status);
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_EQ(next, (std::vector<int32_t>{NullBackendToken(17, 6, 512, {2}),
                                         NullBackendToken(41, 3, 512, {2}),
                                         NullBackendToken(300, 10, 512, {2})}));
   // Alone, or sampled at a temperature with any draw: the same tokens.
-  EXPECT_EQ(Sample(*b, {40, 41}, {{2, 1, t1}}, &status), std::vector<int32_t>{next[1]}) << status;
+  EXPECT_EQ(SampleStep(*b, {40, 41}, {{2, 1, t1}}, &status), std::vector<int32_t>{next[1]})
+      << status;
   std::vector<SampleSpec> hot(3);
   for (SampleSpec& s : hot) s = {.params = {.temperature = 1.5f, .top_k = 5}, .uniform = 0.99f};
-  EXPECT_EQ(Sample(*b, tokens, seqs, &status, hot), next) << status;
-}
-
-TEST(NullBackendTest, StepLogitsPickTheSameTokenUnderAnySampling) {
-  std::unique_ptr<Backend> b = Make(Config());
-  ASSERT_NE(b, nullptr);
-  const std::vector<int32_t> t0 = {3}, t1 = {4, 5};
-  const std::vector<int32_t> tokens = {9, 1, 2, 3, 4, 5};
-  const std::vector<SequenceStep> seqs = {{1, 2, t0}, {5, 0, t1}};
-  absl::Status status;
-  const std::vector<int32_t> next = Sample(*b, tokens, seqs, &status);
-  ASSERT_TRUE(status.ok()) << status;
-  std::vector<float> logits(2 * 512, 123.0f);
-  ASSERT_TRUE(b->Step({tokens, seqs}, logits).ok());
-  for (int s = 0; s < 2; ++s) {
-    const std::span<const float> row = std::span<const float>(logits).subspan(s * 512, 512);
-    for (const SamplingParams& p : {SamplingParams{}, SamplingParams{.temperature = 1.0f},
-                                    SamplingParams{.temperature = 0.7f, .top_p = 0.9f}}) {
-      // (A draw of exactly 0 may take id 0: see null_backend.cc.)
-      for (float u : {1e-6f, 0.5f, 0.999f}) {
-        EXPECT_EQ(SampleWithUniform(row, p, u), next[s])
-            << "temperature " << p.temperature << ", top_p " << p.top_p << ", draw " << u;
-      }
-    }
-  }
-}
-
-TEST(NullBackendTest, RefusesBadStepsAsARealBackendDoes) {
-  std::unique_ptr<Backend> b = Make(Config(512, 64), {2}, /*num_blocks=*/8);
-  ASSERT_NE(b, nullptr);
-  const std::vector<int32_t> t0 = {0, 1}, t1 = {2, 3}, shared = {5, 1}, out_of_range = {8};
-  absl::Status status;
-  auto code = [&](const std::vector<int32_t>& tokens, const std::vector<SequenceStep>& seqs) {
-    Sample(*b, tokens, seqs, &status);
-    return status.code();
-  };
-  constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
-  EXPECT_EQ(code({512}, {{1, 0, t0}}), kInvalid);          // token outside the vocabulary
-  EXPECT_EQ(code({-1}, {{1, 0, t0}}), kInvalid);           // negative token
-  EXPECT_EQ(code({1}, {{1, 64, t0}}), kInvalid);           // position beyond the context
-  EXPECT_EQ(code({1}, {{1, 8, t0}}), kInvalid);            // block table too short
-  EXPECT_EQ(code({1}, {{1, 0, out_of_range}}), kInvalid);  // block id out of range
-  EXPECT_EQ(code({1, 2}, {{1, 0, t0}}), kInvalid);         // tokens and sequences disagree
-  EXPECT_EQ(code({1}, {{0, 0, t0}}), kInvalid);            // a sequence of no tokens
-  // Two sequences writing one block.
-  EXPECT_EQ(code({1, 2}, {{1, 4, t0}, {1, 4, shared}}), kInvalid);
-  // Wrong number of sampling specs or outputs; logits too small for Step.
-  const std::vector<int32_t> tokens = {1};
-  const std::vector<SequenceStep> seqs = {{1, 0, t0}};
-  std::vector<SampleSpec> specs(2);
-  std::vector<int32_t> next(1);
-  EXPECT_EQ(b->StepAndSample({tokens, seqs}, specs, std::span<int32_t>(next)).code(), kInvalid);
-  std::vector<float> small(511);
-  EXPECT_EQ(b->Step({tokens, seqs}, small).code(), kInvalid);
-  // And a good step still runs after all of those.
-  EXPECT_EQ(code({1, 2}, {{1, 4, t0}, {1, 4, t1}}), absl::StatusCode::kOk);
+  EXPECT_EQ(SampleStep(*b, tokens, seqs, &status, hot), next) << status;
 }
 
 TEST(NullBackendTest, RunsASyntheticModelsShapeWithoutItsWeights) {

@@ -74,13 +74,17 @@ if step configure cmake -S . -B build-gpucheck "${generator[@]}" -DCMAKE_BUILD_T
   -DCOALESCE_GTEST_SOURCE="$root/.gpucheck/googletest" \
   -DCOALESCE_MODELS_DIR="$root/.gpucheck/models" &&
   step build cmake --build build-gpucheck -j"$(nproc)" \
-    --target cuda_kernels_test cuda_backend_test coalesce-gpu-bench coalesce-loop-bench; then
+    --target cuda_kernels_test cuda_backend_test backend_contract_test coalesce-gpu-bench \
+    coalesce-loop-bench; then
   export LD_LIBRARY_PATH="$root/.gpucheck/absl/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   # Time limits, so that a hang cannot eat the machine's whole lease.
   step kernel_tests timeout 180 build-gpucheck/bin/cuda_kernels_test \
     --gtest_output="xml:$out/kernels.xml"
   step backend_tests timeout 240 build-gpucheck/bin/cuda_backend_test \
     --gtest_output="xml:$out/backend.xml"
+  # The backend contract, against the CPU, null and CUDA backends.
+  step contract_tests timeout 240 build-gpucheck/bin/backend_contract_test \
+    --gtest_output="xml:$out/contract.xml"
   step bench timeout 300 build-gpucheck/bin/coalesce-gpu-bench
   # The engine loop with and without --overlap_steps on the GPU (host work
   # per streamed token as in the server).
