@@ -1,7 +1,7 @@
 """Greedy tokens through the real server against Hugging Face transformers, for
 randomly initialised models of two families (Llama with GQA, Qwen2 with q/k/v
 biases) saved with save_pretrained: alone and with the requests batched. The
-logits themselves are compared in tests/engine/test_hf_parity.py (the API
+logits themselves are compared in tests/engine/model/test_hf_parity.py (the API
 carries tokens, not logits); this checks that the server runs the same model.
 
 Needs torch and transformers (tests/requirements.txt): run it with the venv of
@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 
 from e2e_support import MODELS, run_concurrently, start_server  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "engine"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "engine", "model"))
 from test_hf_parity import hf_greedy, randomize  # noqa: E402
 
 STEPS = 32

@@ -1,7 +1,7 @@
 // coalesce-logits: loads a Hugging Face model folder and prints, as JSON, the
 // float32 logits of every step of greedy decoding for each prompt, run twice:
 // each prompt alone, and all prompts batched together in one step sequence.
-// tests/engine/test_hf_parity.py compares them with transformers.
+// tests/engine/model/test_hf_parity.py compares them with transformers.
 //
 //   coalesce-logits --model DIR --steps N --prompt 1,2,3 [--prompt 4,5 ...]
 //                   [--threads T]

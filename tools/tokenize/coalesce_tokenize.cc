@@ -1,5 +1,5 @@
 // coalesce-tokenize: runs coalesce's tokenizer.json tokenizer over a file of
-// inputs, for tests/engine/test_tokenizer_parity.py to compare with HF
+// inputs, for tests/engine/tokenizer/test_tokenizer_parity.py to compare with HF
 // `tokenizers`.
 //
 //   coalesce-tokenize --tokenizer tokenizer.json [--input in.jsonl] [--output out.jsonl]

@@ -18,7 +18,7 @@
 #include "engine/cpu/kernels.h"
 #include "engine/cuda/kernels.h"
 #include "engine/sampler.h"
-#include "tests/engine/cuda_test_support.h"
+#include "tests/engine/cuda/cuda_test_support.h"
 
 namespace coalesce::engine {
 namespace {

@@ -1,6 +1,6 @@
 // LoadHfTokenizer on the shared tokenizer.json files: the stories260K goldens,
 // llama.cpp's vocab test vectors, streaming, and the errors for missing,
-// malformed and unsupported files. tests/engine/test_tokenizer_parity.py
+// malformed and unsupported files. tests/engine/tokenizer/test_tokenizer_parity.py
 // compares thousands more strings with HF `tokenizers` itself.
 #include "engine/tokenizer/hf_tokenizer.h"
 

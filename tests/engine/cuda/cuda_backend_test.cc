@@ -21,7 +21,7 @@
 
 #include "engine/cpu/cpu_backend.h"
 #include "tests/engine/backend_test_support.h"
-#include "tests/engine/cuda_test_support.h"
+#include "tests/engine/cuda/cuda_test_support.h"
 
 namespace coalesce::engine {
 namespace {
