@@ -18,19 +18,11 @@
 #include "absl/status/statusor.h"
 #include "engine/tokenizer/hf_tokenizer.h"
 #include "engine/tokenizer/hf_tokenizer_regex.h"
+#include "engine/tokenizer/string_to_id.h"
 
 namespace coalesce::engine::hf {
 
-// Hash and equality that accept std::string_view, so lookups do not allocate.
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
-};
-struct StringEq {
-  using is_transparent = void;
-  bool operator()(std::string_view a, std::string_view b) const { return a == b; }
-};
-using StringToId = std::unordered_map<std::string, int32_t, StringHash, StringEq>;
+using engine::StringToId;  // engine/tokenizer/string_to_id.h
 
 // A literal or regex pattern, as HF's Replace and Split take them.
 struct Pattern {

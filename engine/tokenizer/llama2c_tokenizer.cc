@@ -4,28 +4,16 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <iterator>
 #include <queue>
-#include <unordered_map>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "engine/tokenizer/string_to_id.h"
 
 namespace coalesce::engine {
 namespace {
-
-// Hash and equality that accept std::string_view, so lookups of a piece do not
-// allocate a std::string.
-struct PieceHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
-};
-struct PieceEq {
-  using is_transparent = void;
-  bool operator()(std::string_view a, std::string_view b) const { return a == b; }
-};
 
 // The byte a "<0xXX>" piece stands for, or -1.
 int BytePieceValue(std::string_view piece) {
@@ -61,7 +49,7 @@ struct Llama2cTokenizer::Impl {
   std::vector<float> scores;        // [vocab_size]
   std::vector<int16_t> byte_value;  // [vocab_size]: the byte of a <0xXX> piece, or -1
   // Piece -> id. With duplicate pieces the lowest id wins.
-  std::unordered_map<std::string, int32_t, PieceHash, PieceEq> ids;
+  StringToId ids;
   int32_t space_id = -1;  // the dummy-prefix piece " "
   std::vector<int32_t> eos = {kBosId, kEosId};
   // The longest piece, in bytes (at least 1). A token of the encoding

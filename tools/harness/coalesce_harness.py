@@ -251,16 +251,13 @@ class ServerProcess:
             try:
                 rc = self.proc.wait(grace_s)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                try:
-                    self.proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    pass
+                self.kill()
+                return None
         self._reader.join(5)
         return rc
 
     def kill(self):
-        """SIGKILL, if it is still running."""
+        """SIGKILL, if it is still running; then wait for it and its log."""
         if self.proc.poll() is None:
             self.proc.kill()
         try:
