@@ -63,7 +63,7 @@ absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
     out.deadline = absl::FromChrono(context.deadline());
   }
   out.request_id = request.request_id();
-  if (!request.prompt().empty()) {
+  if (request.prompt_token_ids_size() == 0) {
     // Tokenized only as far as the context can hold: a longer prompt is
     // refused without being tokenized in full.
     const int room = limits_.context_length - request.max_new_tokens();
@@ -83,6 +83,13 @@ absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
       out.prompt = tokenizer_->Encode(request.prompt(), /*add_special_tokens=*/true);
     } else {
       out.prompt = *std::move(ids);
+    }
+    if (out.prompt.empty()) {
+      return absl::InvalidArgumentError(
+          request.prompt().empty()
+              ? "the prompt is empty and this model's tokenizer adds no BOS token to start "
+                "from: set prompt or prompt_token_ids"
+              : "the prompt encodes to no tokens: set a prompt that does, or prompt_token_ids");
     }
   } else {
     out.prompt.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());

@@ -23,10 +23,10 @@ absl::Status ValidateGenerateRequest(const v1::GenerateRequest& request,
   using absl::StrCat;
   const bool has_text = !request.prompt().empty();
   const bool has_ids = request.prompt_token_ids_size() > 0;
-  if (has_text == has_ids) {
-    return InvalidArgumentError(has_text
-                                    ? "set exactly one of prompt and prompt_token_ids, not both"
-                                    : "the prompt is empty: set prompt or prompt_token_ids");
+  // Neither is an empty prompt: unconditional generation, from BOS alone
+  // (Prepare refuses it when the tokenizer adds no BOS).
+  if (has_text && has_ids) {
+    return InvalidArgumentError("set exactly one of prompt and prompt_token_ids, not both");
   }
   if (has_ids) {
     const auto& ids = request.prompt_token_ids();

@@ -5,8 +5,11 @@ batched, with the tokenizer of the folder.
     /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/service/test_hf_server_e2e.py
 """
 
+import json
 import os
+import shutil
 
+import grpc
 import pytest
 
 from e2e_support import MODELS, run_concurrently, start_server
@@ -52,3 +55,24 @@ def test_goldens_alone_and_batched(hf_srv, golden):
     for case, res in zip(golden, results):
         assert res.code is None and res.ids == case["output_ids"], res
     assert all(r.code is None for r in results)
+
+
+def test_an_empty_prompt_needs_a_tokenizer_that_adds_bos(pb, tmp_path):
+    """The folder's tokenizer.json without its post-processor adds no BOS: an
+    empty prompt then encodes to no tokens and is refused, saying why; text
+    and ids still work."""
+    folder = tmp_path / "no-bos"
+    shutil.copytree(HF_DIR, folder)
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    tok["post_processor"] = None
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    server, c = start_server([], model_flags=["--model=" + str(folder)])
+    try:
+        c.bind(pb)
+        res = c.generate(c.request(prompt="", max_new_tokens=4))
+        assert res.code == grpc.StatusCode.INVALID_ARGUMENT, res
+        assert "no BOS" in res.details, res
+        assert c.generate(c.request(prompt="Once", max_new_tokens=4)).code is None
+        assert c.generate(c.request(ids=[1, 403], max_new_tokens=4)).code is None
+    finally:
+        server.kill()

@@ -379,15 +379,26 @@ def test_deadline_exceeded_while_waiting(batch_srv, golden):
 # 5. Bad inputs
 # ---------------------------------------------------------------------------
 
+def test_empty_prompt_is_unconditional_generation_from_bos(srv):
+    """No prompt and no ids (proto3 cannot tell an empty prompt from none):
+    generation from BOS alone, as llama2.c and transformers allow; the same
+    tokens as prompt_token_ids=[BOS]."""
+    bos = srv.info().bos_token_id
+    for req in (srv.request(prompt="", max_new_tokens=12), srv.request(max_new_tokens=12)):
+        res = srv.generate(req)
+        assert res.code is None, res
+        assert res.usage.prompt_tokens == 1, res
+        assert res.ids == srv.generate(srv.request(ids=[bos], max_new_tokens=12)).ids
+        assert len(res.ids) > 0
+
+
 def test_bad_inputs(srv, golden):
     case = golden[0]
     INV = grpc.StatusCode.INVALID_ARGUMENT
     R = srv.request
     bad = [
-        ("neither prompt nor ids", R(max_new_tokens=5), INV, ["prompt", "empty"]),
         ("both", R(prompt="hi", ids=[1, 403], max_new_tokens=5), INV,
          ["exactly one", "prompt_token_ids"]),
-        ("empty prompt", R(prompt="", max_new_tokens=5), INV, ["prompt", "empty"]),
         ("token id -1", R(ids=[1, -1, 403], max_new_tokens=5), INV,
          ["prompt_token_ids[1]", "-1", "512"]),
         ("token id 512", R(ids=[1, 403, 512], max_new_tokens=5), INV,

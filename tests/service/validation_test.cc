@@ -39,10 +39,12 @@ TEST(ValidationTest, AcceptsAValidRequest) {
   EXPECT_TRUE(ValidateGenerateRequest(ids, kLimits).ok());
 }
 
-TEST(ValidationTest, NeedsExactlyOneInput) {
+TEST(ValidationTest, TakesNeitherInputAsAnEmptyPromptButNotBoth) {
+  // Neither: unconditional generation (the service refuses it only when the
+  // tokenizer adds no BOS to start from).
   v1::GenerateRequest neither = Valid();
   neither.clear_prompt();
-  ExpectInvalid(neither, "prompt is empty");
+  EXPECT_TRUE(ValidateGenerateRequest(neither, kLimits).ok());
   v1::GenerateRequest both = Valid();
   both.add_prompt_token_ids(1);
   ExpectInvalid(both, "not both");
