@@ -6,9 +6,11 @@
 //  3. run the pre-tokenizers over the pieces;
 //  4. run BPE on each piece (BPE::merge_word + Word::merge_all);
 //  5. wrap the ids in the post-processor's template.
-// Decoding runs the decoder chain on each token alone, once as the first
-// token of the text and once as a later one (see hf_tokenizer.h for what that
-// guarantees).
+// Decoding: when the decoder chain allows (TokenizerSpec::per_token_decode),
+// it runs on each token alone at load, once as the first token of the text
+// and once as a later one, and TokenBytes looks the result up (see
+// hf_tokenizer.h for what that guarantees); otherwise DecodeRun runs the
+// whole chain over the run of tokens, as HF's decode does.
 #include "engine/tokenizer/hf_tokenizer.h"
 
 #include <algorithm>
@@ -31,6 +33,74 @@ struct Item {
   int32_t id = -1;  // >= 0: an added token
   Piece piece;
 };
+
+// HF's ByteFallback: "<0xXX>" stands for the byte XX (u8::from_str_radix,
+// which also takes "+X").
+bool ByteToken(std::string_view s, uint8_t& byte) {
+  if (s.size() != 6 || !s.starts_with("<0x") || s[5] != '>') return false;
+  int value = 0, digits = 0;
+  for (size_t i = 3; i < 5; ++i) {
+    const char c = s[i];
+    int d = -1;
+    if (c >= '0' && c <= '9') d = c - '0';
+    if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+    if (d < 0 && !(c == '+' && i == 3)) return false;
+    if (d >= 0) {
+      value = value * 16 + d;
+      ++digits;
+    }
+  }
+  if (digits == 0) return false;
+  byte = static_cast<uint8_t>(value);
+  return true;
+}
+
+// HF's ByteLevel decoder on one token: each character back to its byte; a
+// token with any other character (an added token's content) stays as it is.
+void AppendByteLevelBytes(std::string_view s, std::string& out) {
+  const ByteLevelMap& map = ByteLevel();
+  const size_t size = out.size();
+  for (size_t at = 0; at < s.size(); at += CharLength(s[at])) {
+    const uint32_t cp = DecodeChar(s, at);
+    if (cp >= map.char_to_byte.size() || map.char_to_byte[cp] < 0) {
+      out.resize(size);
+      out.append(s);
+      return;
+    }
+    out.push_back(static_cast<char>(map.char_to_byte[cp]));
+  }
+}
+
+// HF's Strip on one token: up to `start` leading and then up to `stop`
+// trailing `c` (one character), never the same character twice.
+void StripToken(std::string& s, std::string_view c, int start, int stop) {
+  size_t from = 0, to = s.size();
+  for (int k = 0; k < start && std::string_view(s).substr(from).starts_with(c); ++k) {
+    from += c.size();
+  }
+  for (int k = 0; k < stop && std::string_view(s).substr(from, to - from).ends_with(c); ++k) {
+    to -= c.size();
+  }
+  s = s.substr(from, to - from);
+}
+
+// HF's Metaspace decoder on one token: each `replacement` becomes a space,
+// or is dropped in the first token of the text (unless prepend_scheme is
+// "never").
+std::string MetaspaceToken(std::string_view s, std::string_view replacement, bool drop) {
+  std::string out;
+  for (size_t at = 0; at < s.size();) {
+    const size_t len = CharLength(s[at]);
+    if (s.substr(at, len) == replacement) {
+      if (!drop) out.push_back(' ');
+    } else {
+      out.append(s.substr(at, len));
+    }
+    at += len;
+  }
+  return out;
+}
 
 }  // namespace
 }  // namespace hf
@@ -67,7 +137,15 @@ struct HfTokenizer::Impl {
   // `out` would end with more than `max_tokens`.
   bool Bpe(std::string_view word, std::vector<int32_t>& out, size_t max_tokens) const;
   // --- decoding ---
+  // The string HF's decoder is given for `id`; false for ids it skips
+  // (special tokens, ids without a token).
+  bool TokenString(int32_t id, std::string& out) const;
   std::string DecodeToken(int32_t id, bool first) const;
+  // HF's decoder chain over `tokens`, joined. `at_start`: tokens[0] starts
+  // the text (else the run continues one). Sets *open when text after the
+  // run could still change the run's end (an unfinished run of byte tokens
+  // or character of ByteLevel bytes).
+  std::string DecodeChain(std::vector<std::string> tokens, bool at_start, bool* open) const;
 };
 
 bool HfTokenizer::Impl::IsWordChar(std::string_view text, size_t at) const {
@@ -293,98 +371,151 @@ bool HfTokenizer::Impl::Bpe(std::string_view word, std::vector<int32_t>& out,
 
 // One token through the decoder chain, as HF's decoders treat it when it is
 // the first token of the text (`first`) or a later one.
-std::string HfTokenizer::Impl::DecodeToken(int32_t id, bool first) const {
-  if (id < 0 || id >= spec.vocab_size) return "";
-  std::string s;
+bool HfTokenizer::Impl::TokenString(int32_t id, std::string& out) const {
+  if (id < 0 || id >= spec.vocab_size) return false;
   if (added_index[id] >= 0) {
     const hf::AddedToken& token = spec.added[added_index[id]];
-    if (token.special) return "";  // skip_special_tokens
+    if (token.special) return false;  // skip_special_tokens
     // See HfTokenizerOptions::decode_normalized_added_tokens.
-    s = token.normalized && decode_normalized_added_tokens
-            ? hf::Normalize(spec.normalizers, token.content)
-            : token.content;
-  } else if (id < static_cast<int32_t>(spec.model.pieces.size()) &&
-             !spec.model.pieces[id].empty()) {
-    s = spec.model.pieces[id];
-  } else {
-    return "";  // HF drops ids it has no token for
+    out = token.normalized && decode_normalized_added_tokens
+              ? hf::Normalize(spec.normalizers, token.content)
+              : token.content;
+    return true;
   }
+  if (id < static_cast<int32_t>(spec.model.pieces.size()) && !spec.model.pieces[id].empty()) {
+    out = spec.model.pieces[id];
+    return true;
+  }
+  return false;  // HF drops ids it has no token for
+}
+
+std::string HfTokenizer::Impl::DecodeToken(int32_t id, bool first) const {
+  std::string s;
+  if (!TokenString(id, s)) return "";
   if (!spec.has_decoder) return first ? s : " " + s;  // HF joins tokens with " "
   bool fused = false;
   for (const hf::DecoderStep& step : spec.decoders) {
     switch (step.kind) {
       case hf::DecoderStep::Kind::kReplace:
-        s = hf::ReplaceAll(s, step.pattern, step.content);
+        s = hf::ReplacePattern(step.pattern, s, step.content);
         break;
-      case hf::DecoderStep::Kind::kMetaspace: {
-        std::string out;
-        for (size_t at = 0; at < s.size();) {
-          const size_t len = hf::CharLength(s[at]);
-          if (s.compare(at, len, step.replacement) == 0) {
-            // The first token loses all its replacement characters.
-            if (!(first && step.prepend)) out.push_back(' ');
-          } else {
-            out.append(s, at, len);
-          }
-          at += len;
-        }
-        s = std::move(out);
+      case hf::DecoderStep::Kind::kMetaspace:
+        // The first token loses all its replacement characters.
+        s = hf::MetaspaceToken(s, step.replacement, first && step.prepend);
         break;
-      }
       case hf::DecoderStep::Kind::kByteFallback: {
-        // "<0xXX>" is a raw byte; u8::from_str_radix also takes "+X".
-        if (s.size() == 6 && s.starts_with("<0x") && s[5] == '>') {
-          int value = 0, digits = 0;
-          bool ok = true;
-          for (size_t i = 3; i < 5; ++i) {
-            const char c = s[i];
-            int d = -1;
-            if (c >= '0' && c <= '9') d = c - '0';
-            if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-            if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
-            if (d < 0 && !(c == '+' && i == 3)) ok = false;
-            if (d >= 0) {
-              value = value * 16 + d;
-              ++digits;
-            }
-          }
-          if (ok && digits > 0) s = std::string(1, static_cast<char>(value));
-        }
+        uint8_t byte;
+        if (hf::ByteToken(s, byte)) s = std::string(1, static_cast<char>(byte));
         break;
       }
       case hf::DecoderStep::Kind::kFuse:
         fused = true;
         break;
       case hf::DecoderStep::Kind::kByteLevel: {
-        // Each character back to its byte; a token with any other character
-        // (an added token's content) stays as it is.
-        const hf::ByteLevelMap& map = hf::ByteLevel();
         std::string out;
-        bool all_mapped = true;
-        for (size_t at = 0; at < s.size() && all_mapped;) {
-          const uint32_t cp = hf::DecodeChar(s, at);
-          if (cp >= map.char_to_byte.size() || map.char_to_byte[cp] < 0) {
-            all_mapped = false;
-            break;
-          }
-          out.push_back(static_cast<char>(map.char_to_byte[cp]));
-          at += hf::CharLength(s[at]);
-        }
-        if (all_mapped) s = std::move(out);
+        hf::AppendByteLevelBytes(s, out);
+        s = std::move(out);
         fused = true;
         break;
       }
-      case hf::DecoderStep::Kind::kStrip: {
+      case hf::DecoderStep::Kind::kStrip:
         // Before fusing, HF strips every token; after, only the text's start.
         if (fused && !first) break;
-        const std::string_view c = step.content;
-        for (int k = 0; k < step.start && s.starts_with(c); ++k) s.erase(0, c.size());
-        for (int k = 0; k < step.stop && s.ends_with(c); ++k) s.resize(s.size() - c.size());
+        hf::StripToken(s, step.content, step.start, step.stop);
         break;
-      }
     }
   }
   return s;
+}
+
+std::string HfTokenizer::Impl::DecodeChain(std::vector<std::string> tokens, bool at_start,
+                                           bool* open) const {
+  if (!spec.has_decoder) {
+    // HF joins the tokens with " ".
+    std::string out;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (i > 0 || !at_start) out.push_back(' ');
+      out += tokens[i];
+    }
+    return out;
+  }
+  // After fusing, the one token left is the whole text: HF's first token.
+  bool fused = false;
+  std::vector<std::string> next;
+  for (const hf::DecoderStep& step : spec.decoders) {
+    switch (step.kind) {
+      case hf::DecoderStep::Kind::kReplace:
+        for (std::string& t : tokens) t = hf::ReplacePattern(step.pattern, t, step.content);
+        break;
+      case hf::DecoderStep::Kind::kMetaspace:
+        for (size_t i = 0; i < tokens.size(); ++i) {
+          const bool first = fused || (i == 0 && at_start);
+          tokens[i] = hf::MetaspaceToken(tokens[i], step.replacement, first && step.prepend);
+        }
+        break;
+      case hf::DecoderStep::Kind::kByteFallback: {
+        // A run of byte tokens becomes one token if its bytes are valid
+        // UTF-8, else one U+FFFD per byte.
+        next.clear();
+        std::string run;
+        size_t run_tokens = 0;
+        auto flush = [&] {
+          if (run_tokens == 0) return;
+          if (SanitizeUtf8(run) == run) {
+            next.push_back(std::move(run));
+          } else {
+            for (size_t k = 0; k < run_tokens; ++k) next.emplace_back("\xEF\xBF\xBD");
+          }
+          run.clear();
+          run_tokens = 0;
+        };
+        for (std::string& t : tokens) {
+          uint8_t byte;
+          if (hf::ByteToken(t, byte)) {
+            run.push_back(static_cast<char>(byte));
+            ++run_tokens;
+          } else {
+            flush();
+            next.push_back(std::move(t));
+          }
+        }
+        if (run_tokens > 0 && open != nullptr) *open = true;
+        flush();
+        tokens.swap(next);
+        break;
+      }
+      case hf::DecoderStep::Kind::kFuse: {
+        std::string all;
+        for (const std::string& t : tokens) all += t;
+        tokens.assign(1, std::move(all));
+        fused = true;
+        break;
+      }
+      case hf::DecoderStep::Kind::kByteLevel: {
+        // The bytes of all tokens, joined, as UTF-8 with invalid sequences
+        // replaced (String::from_utf8_lossy).
+        std::string bytes;
+        for (const std::string& t : tokens) hf::AppendByteLevelBytes(t, bytes);
+        Utf8StreamDecoder utf8;
+        std::string text = utf8.Push(bytes);
+        const std::string tail = utf8.Flush();
+        if (!tail.empty() && open != nullptr) *open = true;
+        text += tail;
+        tokens.assign(1, std::move(text));
+        fused = true;
+        break;
+      }
+      case hf::DecoderStep::Kind::kStrip:
+        for (std::string& t : tokens) {
+          // The start of a fused text is the text's start only at_start.
+          hf::StripToken(t, step.content, fused && !at_start ? 0 : step.start, step.stop);
+        }
+        break;
+    }
+  }
+  std::string out;
+  for (const std::string& t : tokens) out += t;
+  return out;
 }
 
 HfTokenizer::HfTokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
@@ -415,6 +546,24 @@ std::string HfTokenizer::TokenBytes(int32_t prev, int32_t token) const {
     if (auto it = t.first_bytes.find(token); it != t.first_bytes.end()) return it->second;
   }
   return t.bytes[token];
+}
+
+bool HfTokenizer::DecodesPerToken() const { return impl_->spec.per_token_decode; }
+
+std::string HfTokenizer::DecodeRun(std::span<const int32_t> ids, int32_t prev,
+                                   bool* open_end) const {
+  const Impl& t = *impl_;
+  if (open_end != nullptr) *open_end = !t.spec.streamable_decode;
+  if (t.spec.per_token_decode) return Tokenizer::DecodeRun(ids, prev, nullptr);
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
+  std::string s;
+  for (const int32_t id : ids) {
+    if (t.TokenString(id, s)) tokens.push_back(std::move(s));
+  }
+  // ByteFallback and ByteLevel make valid UTF-8; an added token's content
+  // is valid already.
+  return SanitizeUtf8(t.DecodeChain(std::move(tokens), prev < 0 || prev == t.bos, open_end));
 }
 
 std::vector<int32_t> HfTokenizer::Encode(std::string_view text, bool add_special_tokens) const {
@@ -539,6 +688,8 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> LoadFromJson(std::string_view json,
     std::sort(impl->eos.begin(), impl->eos.end());
   }
 
+  // Also for chains that are not per token: TokenBytes is then an
+  // approximation of DecodeRun, for callers that want one token's text.
   impl->bytes.resize(s.vocab_size);
   for (int32_t id = 0; id < s.vocab_size; ++id) {
     impl->bytes[id] = impl->DecodeToken(id, /*first=*/false);

@@ -4,6 +4,10 @@
 //    Sequence[Prepend("▁"), Replace(" ", "▁")] or a Metaspace pre-tokenizer,
 //    byte_fallback, unk_token, fuse_unk; decoder Sequence[Replace("▁", " "),
 //    ByteFallback, Fuse, Strip(" ", 1, 0)] or Metaspace.
+//  - the decoder steps ByteFallback, Fuse, Replace (literal or regex), Strip,
+//    ByteLevel and Metaspace in any order and nesting, composed as HF's
+//    decode_chain composes them (e.g. [ByteFallback, Fuse, Replace("▁", " "),
+//    Strip], which transformers writes for GGUF conversions).
 //  - byte-level BPE (GPT-2, Llama 3, Qwen2): ByteLevel pre-tokenizer
 //    (add_prefix_space, use_regex), Split pre-tokenizers with Oniguruma
 //    regexes (run with PCRE2), ignore_merges, ByteLevel decoder.
@@ -27,8 +31,15 @@
 // the post-processor's template (the BOS of Llama). Invalid UTF-8 in `text`
 // (which HF cannot be given) is first replaced by U+FFFD per maximal subpart.
 //
-// Decoding: concatenating TokenBytes(ids[i-1], ids[i]) (ids[-1] = -1) and
-// then SanitizeUtf8 (that is, Decode(tokenizer, ids)) gives HF
+// Decoding: when the decoder chain is not per token (DecodesPerToken()
+// false: a step that needs several tokens at once, such as Replace or Strip
+// of the end after fusing, or a step after ByteFallback other than fusing),
+// Decode(tokenizer, ids) runs HF's whole chain over the run and equals HF
+// decode(ids, skip_special_tokens=True) for every id sequence (tokens 0.21
+// panics where Strip would cut one character twice; we cut it once, as
+// later releases do). Otherwise, the fast path used by today's files:
+// concatenating TokenBytes(ids[i-1], ids[i]) (ids[-1] = -1) and then
+// SanitizeUtf8 (that is, Decode(tokenizer, ids)) gives HF
 // decode(ids, skip_special_tokens=True) for every id sequence when the
 // decoder is ByteLevel (GPT-2, Llama 3, Qwen2), and otherwise for every id
 // sequence in which
@@ -105,7 +116,15 @@ class HfTokenizer : public Tokenizer {
   // made exceed max_tokens.
   std::optional<std::vector<int32_t>> EncodeAtMost(std::string_view text, bool add_special_tokens,
                                                    size_t max_tokens) const override;
+  // For a chain that is not per token (DecodesPerToken() false) this is the
+  // token's text as if the chain ran on it alone: Decode uses DecodeRun.
   std::string TokenBytes(int32_t prev, int32_t token) const override;
+  bool DecodesPerToken() const override;
+  // Per-token chains: the default (concatenated TokenBytes). Others: HF's
+  // decoder chain over the run's tokens (special tokens and unknown ids left
+  // out), the run starting the text when prev is -1 or bos_id().
+  std::string DecodeRun(std::span<const int32_t> ids, int32_t prev,
+                        bool* open_end = nullptr) const override;
 
   // The token's string in the file (vocabulary piece or added token content),
   // or "" for an unknown id.

@@ -114,10 +114,13 @@ struct AddedToken {
 // Decoder
 // ---------------------------------------------------------------------------
 
+// One step of HF's decoder chain (decode_chain: a list of token strings in,
+// a list out; a Sequence is flattened into its steps). The tokens the chain
+// gives are joined.
 struct DecoderStep {
   enum class Kind { kReplace, kByteFallback, kFuse, kStrip, kMetaspace, kByteLevel };
   Kind kind;
-  std::string pattern;  // kReplace: a literal (regex patterns are rejected)
+  Pattern pattern;      // kReplace: a literal or a regex
   std::string content;  // kReplace: the replacement; kStrip: the character stripped
   int start = 0;        // kStrip: characters stripped at the start
   int stop = 0;         // kStrip: characters stripped at the end
@@ -141,6 +144,16 @@ struct TokenizerSpec {
   std::vector<int32_t> prefix, suffix;
   bool has_decoder = false;  // without one HF joins tokens with " "
   std::vector<DecoderStep> decoders;
+  // The decoder's text is the concatenation of each token's own text (given
+  // whether it starts the text): TokenBytes decodes it (see hf_tokenizer.h).
+  // Otherwise the whole run goes through the chain (HfTokenizer::DecodeRun).
+  bool per_token_decode = true;
+  // Whether text decoded so far only ever grows at its end as ids are added
+  // (once it no longer ends in an open byte-fallback run or an incomplete
+  // character), so that it can be streamed; false for chains whose steps
+  // after fusing can rewrite text already decoded (a Replace of more than one
+  // character or a regex, ByteFallback, ByteLevel).
+  bool streamable_decode = true;
   int vocab_size = 0;  // 1 + the largest id of the model or an added token
 };
 
@@ -180,6 +193,8 @@ struct ByteLevelMap {
 const ByteLevelMap& ByteLevel();
 
 std::string ReplaceAll(std::string_view text, std::string_view pattern, std::string_view with);
+// Each non-overlapping match of `pattern` in `text` replaced by `with`.
+std::string ReplacePattern(const Pattern& pattern, std::string_view text, std::string_view with);
 // Non-overlapping matches of `pattern` in `text`, left to right.
 void FindPattern(const Pattern& pattern, std::string_view text,
                  std::vector<std::pair<size_t, size_t>>& out);

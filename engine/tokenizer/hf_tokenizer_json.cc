@@ -60,7 +60,7 @@ class Parser {
   absl::Status ParsePreTokenizer(const Json& node, std::string where, TokenizerSpec& spec);
   absl::Status ParsePostProcessor(const Json& node, std::string where, TokenizerSpec& spec);
   absl::Status ParseDecoder(const Json& node, std::string where, TokenizerSpec& spec);
-  absl::Status CheckDecoderOrder(const TokenizerSpec& spec) const;
+  void ClassifyDecoder(TokenizerSpec& spec) const;
 
   const std::string& source_;
   const HfTokenizerOptions& options_;
@@ -555,8 +555,7 @@ absl::Status Parser::ParseDecoder(const Json& node, std::string where, Tokenizer
   DecoderStep step;
   if (type == "Replace") {
     step.kind = DecoderStep::Kind::kReplace;
-    ASSIGN_OR_RETURN(Pattern pattern, ParsePattern(node, where, /*allow_regex=*/false));
-    step.pattern = std::move(pattern.literal);
+    ASSIGN_OR_RETURN(step.pattern, ParsePattern(node, where, /*allow_regex=*/true));
     ASSIGN_OR_RETURN(step.content, String(node, "content", where));
   } else if (type == "ByteFallback") {
     step.kind = DecoderStep::Kind::kByteFallback;
@@ -595,49 +594,55 @@ absl::Status Parser::ParseDecoder(const Json& node, std::string where, Tokenizer
   return absl::OkStatus();
 }
 
-// Our decoding is per token (TokenBytes), so the decoder chain must be one
-// where HF's result is the concatenation of per-token results:
-//  - Replace, Metaspace and Strip act on each token until the tokens are
-//    fused (Fuse, or ByteLevel, which joins its output into one string);
-//  - ByteFallback groups runs of byte tokens, so only fusing may follow it;
-//  - after fusing only a Strip of at most one leading character (applied to
-//    the first token) and further fusing are streamable.
-absl::Status Parser::CheckDecoderOrder(const TokenizerSpec& spec) const {
+// Every chain of the supported steps, in any order, decodes exactly
+// (HfTokenizer::DecodeRun). Whether the fast per-token path (TokenBytes) and
+// streaming apply depends on the order:
+//  - per token: HF's result is the concatenation of per-token results when
+//    Replace (literal), Metaspace and Strip act on each token before the
+//    tokens are fused (Fuse, or ByteLevel, which joins its output into one
+//    string); ByteFallback groups runs of byte tokens, so only fusing may
+//    follow it; after fusing only a Strip of at most one leading character
+//    (applied to the first token) and further fusing;
+//  - streamable: after fusing, no step may rewrite text already decoded
+//    because of text that follows it.
+void Parser::ClassifyDecoder(TokenizerSpec& spec) const {
   bool fused = false, after_byte_fallback = false;
-  for (size_t i = 0; i < spec.decoders.size(); ++i) {
-    const DecoderStep& step = spec.decoders[i];
-    const std::string where = Cat("decoder step ", i);
+  bool per_token = true, streamable = true;
+  for (const DecoderStep& step : spec.decoders) {
     switch (step.kind) {
       case DecoderStep::Kind::kFuse:
         fused = true;
         break;
       case DecoderStep::Kind::kByteLevel:
-        if (fused || after_byte_fallback) return Unsupported(where, "ByteLevel after fusing");
+        if (fused || after_byte_fallback) per_token = false;
+        // A fused text maps to bytes only if all of its characters do.
+        if (fused) streamable = false;
         fused = true;
         break;
       case DecoderStep::Kind::kStrip:
-        if (after_byte_fallback && !fused) {
-          return Unsupported(where, "Strip between ByteFallback and Fuse");
-        }
+        if (after_byte_fallback && !fused) per_token = false;
         // Stripping the end of the whole text needs all of it, and more than
         // one leading character may reach past the first token.
-        if (fused && (step.stop != 0 || step.start > 1)) {
-          return Unsupported(where, "Strip of the fused text with stop > 0 or start > 1");
-        }
+        if (fused && (step.stop != 0 || step.start > 1)) per_token = false;
         break;
       case DecoderStep::Kind::kByteFallback:
-        if (fused) return Unsupported(where, "ByteFallback after fusing");
+        if (fused) per_token = streamable = false;  // the whole text may be "<0xXX>"
         after_byte_fallback = true;
         break;
       case DecoderStep::Kind::kReplace:
-      case DecoderStep::Kind::kMetaspace:
-        if (fused || after_byte_fallback) {
-          return Unsupported(where, "Replace or Metaspace after ByteFallback or fusing");
+        if (fused || after_byte_fallback || step.pattern.regex) per_token = false;
+        // A match may span the end of the text decoded so far.
+        if (fused && (step.pattern.regex || !IsOneCharacter(step.pattern.literal))) {
+          streamable = false;
         }
+        break;
+      case DecoderStep::Kind::kMetaspace:
+        if (fused || after_byte_fallback) per_token = false;
         break;
     }
   }
-  return absl::OkStatus();
+  spec.per_token_decode = per_token;
+  spec.streamable_decode = streamable;
 }
 
 absl::StatusOr<TokenizerSpec> Parser::Parse(const Json& root) {
@@ -659,7 +664,7 @@ absl::StatusOr<TokenizerSpec> Parser::Parse(const Json& root) {
   RETURN_IF_ERROR(ParsePreTokenizer(get("pre_tokenizer"), "pre_tokenizer", spec));
   RETURN_IF_ERROR(ParsePostProcessor(get("post_processor"), "post_processor", spec));
   RETURN_IF_ERROR(ParseDecoder(get("decoder"), "decoder", spec));
-  RETURN_IF_ERROR(CheckDecoderOrder(spec));
+  ClassifyDecoder(spec);
   for (const int32_t id : spec.prefix) spec.vocab_size = std::max(spec.vocab_size, id + 1);
   for (const int32_t id : spec.suffix) spec.vocab_size = std::max(spec.vocab_size, id + 1);
   return spec;

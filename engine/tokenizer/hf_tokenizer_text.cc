@@ -106,6 +106,21 @@ void FindPattern(const Pattern& pattern, std::string_view text,
   }
 }
 
+std::string ReplacePattern(const Pattern& pattern, std::string_view text, std::string_view with) {
+  if (!pattern.regex) return ReplaceAll(text, pattern.literal, with);
+  std::vector<std::pair<size_t, size_t>> matches;
+  FindPattern(pattern, text, matches);
+  std::string out;
+  size_t at = 0;
+  for (const auto& [start, end] : matches) {
+    out.append(text, at, start - at);
+    out.append(with);
+    at = end;
+  }
+  out.append(text, at);
+  return out;
+}
+
 // ---------------------------------------------------------------------------
 // Splitting pieces of text
 // ---------------------------------------------------------------------------

@@ -29,11 +29,26 @@ class TextStream {
   std::string Finish();
 
  private:
+  // Appends the text `token` adds to held_ (a tokenizer that does not decode
+  // per token: DecodeRun over a window of the latest ids).
+  void DecodeWindow(int32_t token, bool finish);
+  // The stop sequence check and hold-back on held_.
+  Piece Release();
+
   const Tokenizer& tokenizer_;
   int32_t prev_;
   std::vector<std::string> stops_;
   Utf8StreamDecoder utf8_;
   std::string held_;  // decoded text not yet sent: may start a stop sequence
+  // Decoding by window (!tokenizer_.DecodesPerToken()), as HF's DecodeStream:
+  // window_ holds the ids of the last text released (context) and those
+  // since; window_text_ is the text of the context alone.
+  bool per_token_ = true;
+  bool hold_all_ = false;  // the decoder may rewrite any text: all waits for Finish
+  std::vector<int32_t> window_;
+  size_t context_ = 0;        // ids of window_ that are context
+  int32_t window_prev_ = -1;  // the id before window_[0]
+  std::string window_text_;
 };
 
 }  // namespace coalesce::engine

@@ -119,13 +119,18 @@ std::string Utf8StreamDecoder::Flush() {
   return out;
 }
 
-std::string Decode(const Tokenizer& tokenizer, std::span<const int32_t> ids, int32_t prev) {
+std::string Tokenizer::DecodeRun(std::span<const int32_t> ids, int32_t prev, bool* open_end) const {
+  if (open_end != nullptr) *open_end = false;
   std::string bytes;
   for (const int32_t id : ids) {
-    bytes += tokenizer.TokenBytes(prev, id);
+    bytes += TokenBytes(prev, id);
     prev = id;
   }
   return SanitizeUtf8(bytes);
+}
+
+std::string Decode(const Tokenizer& tokenizer, std::span<const int32_t> ids, int32_t prev) {
+  return tokenizer.DecodeRun(ids, prev);
 }
 
 }  // namespace coalesce::engine

@@ -37,10 +37,26 @@ class Tokenizer {
   // part of a UTF-8 character (byte-fallback tokens). Control tokens (BOS,
   // EOS, unknown) give "".
   virtual std::string TokenBytes(int32_t prev, int32_t token) const = 0;
+
+  // Whether the text of a run of ids is the concatenation of TokenBytes (then
+  // made valid UTF-8), so that it can be decoded and streamed token by token.
+  // Otherwise only DecodeRun gives it (a decoder that looks at several tokens
+  // at once).
+  virtual bool DecodesPerToken() const { return true; }
+
+  // The text of `ids` as valid UTF-8, `prev` being the token before ids[0]
+  // (-1: none). The default is SanitizeUtf8 of the concatenated TokenBytes.
+  // If `open_end` is not null, it is set to whether ids after the run may
+  // still change the run's text other than by completing a trailing
+  // incomplete character (which shows as U+FFFD): TextStream holds such text
+  // back. Always false when DecodesPerToken().
+  virtual std::string DecodeRun(std::span<const int32_t> ids, int32_t prev,
+                                bool* open_end = nullptr) const;
 };
 
 // Decodes `ids` to valid UTF-8 (invalid or incomplete byte sequences become
-// U+FFFD). `prev` is the token before ids[0], or -1.
+// U+FFFD): tokenizer.DecodeRun(ids, prev). `prev` is the token before
+// ids[0], or -1.
 std::string Decode(const Tokenizer& tokenizer, std::span<const int32_t> ids, int32_t prev = -1);
 
 // Turns a stream of bytes into a stream of valid UTF-8: Push returns the

@@ -53,6 +53,18 @@ void Exercise(const HfTokenizer& tokenizer, std::string_view text) {
     }
     streamed += stream.Finish();
     if (SanitizeUtf8(streamed) != streamed) __builtin_trap();
+    // Without stop sequences the stream is exactly Decode of the ids.
+    const int32_t prev = ids.empty() ? -1 : ids.back();
+    TextStream plain(tokenizer, prev, {});
+    std::vector<int32_t> generated;
+    std::string all;
+    for (size_t i = 0; i < text.size(); ++i) {
+      const auto b = static_cast<uint8_t>(text[i]);
+      generated.push_back(b == 0xFF ? vocab : static_cast<int32_t>((b * 7919u + i) % vocab));
+      all += plain.Push(generated.back()).text;
+    }
+    all += plain.Finish();
+    if (all != Decode(tokenizer, generated, prev)) __builtin_trap();
   }
 }
 

@@ -10,10 +10,15 @@
 //                              "decoded": Decode(with), "decoded_without": Decode(without)}
 //                             (encode with and without special tokens)
 //   {"hex": "e4b8ff"}      -> the same for raw bytes, which may be invalid UTF-8
-//   {"ids": [1, 2, 3]}     -> {"decoded": Decode(ids)}
-// Decode is engine::Decode, the concatenation of TokenBytes. A first line
-// {"load_notes": [...]} lists what repair_merges changed. Errors go to
-// stderr with exit status 1 (2 for bad usage).
+//   {"ids": [1, 2, 3]}     -> {"decoded": Decode(ids), "streamed": [pieces]}
+//   {"ids": [...], "prev": 5}  the same with the ids following token 5
+// Decode is engine::Decode (Tokenizer::DecodeRun: the concatenation of
+// TokenBytes, or the whole decoder chain where it is not per token);
+// "streamed" is what a TextStream (no stop sequences) gives for each id
+// pushed in turn, then Finish. A first line {"load_notes": [...],
+// "decodes_per_token": bool} lists what repair_merges changed and whether
+// the decoder is per token. Errors go to stderr with exit status 1 (2 for
+// bad usage).
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -22,6 +27,7 @@
 #include <vector>
 
 #include "engine/tokenizer/hf_tokenizer.h"
+#include "engine/tokenizer/text_stream.h"
 
 namespace coalesce::engine {
 namespace {
@@ -105,7 +111,8 @@ int Run(const Options& options) {
   }
   std::ostream& out = options.output.empty() ? std::cout : out_file;
 
-  out << Json{{"load_notes", tok.load_notes()}}.dump() << "\n";
+  out << Json{{"load_notes", tok.load_notes()}, {"decodes_per_token", tok.DecodesPerToken()}}.dump()
+      << "\n";
   std::string line;
   for (int line_no = 1; std::getline(in, line); ++line_no) {
     const Json input = Json::parse(line, nullptr, /*allow_exceptions=*/false);
@@ -130,7 +137,20 @@ int Run(const Options& options) {
         }
         ids.push_back(id.get<int32_t>());
       }
-      result["decoded"] = Decode(tok, ids);
+      int32_t prev = -1;
+      if (input.contains("prev")) {
+        if (!input["prev"].is_number_integer()) {
+          std::cerr << "coalesce-tokenize: line " << line_no << ": prev must be an integer\n";
+          return 1;
+        }
+        prev = input["prev"].get<int32_t>();
+      }
+      result["decoded"] = Decode(tok, ids, prev);
+      TextStream stream(tok, prev, {});
+      Json pieces = Json::array();
+      for (const int32_t id : ids) pieces.push_back(stream.Push(id).text);
+      pieces.push_back(stream.Finish());
+      result["streamed"] = std::move(pieces);
     } else {
       std::cerr << "coalesce-tokenize: line " << line_no
                 << ": expected a string, {\"hex\": ...} or {\"ids\": [...]}\n";

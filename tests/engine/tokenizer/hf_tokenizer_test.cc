@@ -353,6 +353,133 @@ TEST(HfTokenizerTest, UnicodeNormalizers) {
 }
 
 // ---------------------------------------------------------------------------
+// Decoder chains that are not per token
+// ---------------------------------------------------------------------------
+
+// Byte tokens, "▁a", "b", "▁" and the BOS <s>, with `decoder`.
+std::unique_ptr<HfTokenizer> ChainTokenizer(const std::string& decoder) {
+  Json spec = Json::parse(R"({
+    "added_tokens": [{"id": 0, "content": "<s>", "single_word": false, "lstrip": false,
+                      "rstrip": false, "normalized": false, "special": true}],
+    "post_processor": {"type": "TemplateProcessing",
+      "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                 {"Sequence": {"id": "A", "type_id": 0}}],
+      "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+      "special_tokens": {"<s>": {"id": "<s>", "ids": [0], "tokens": ["<s>"]}}},
+    "model": {"type": "BPE", "byte_fallback": true,
+              "vocab": {"<s>": 0, "<0x41>": 1, "<0xE4>": 2, "<0xB8>": 3, "<0xAD>": 4,
+                        "\u2581a": 5, "b": 6, "\u2581": 7},
+              "merges": []}})");
+  spec["decoder"] = Json::parse(decoder);
+  auto tok = LoadHfTokenizerFromJson(spec.dump(), "chain.json");
+  EXPECT_TRUE(tok.ok()) << tok.status();
+  return tok.ok() ? *std::move(tok) : nullptr;
+}
+
+constexpr char kGgufLlamaDecoder[] = R"({"type": "Sequence", "decoders": [
+    {"type": "ByteFallback"}, {"type": "Fuse"},
+    {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+    {"type": "Strip", "content": " ", "start": 1, "stop": 0}]})";
+const std::string kFffd = "\xEF\xBF\xBD";
+
+// Llama's decoder in the order transformers writes for GGUF files: HF's
+// result, which needs whole runs (expected values from HF tokenizers 0.21).
+TEST(HfTokenizerDecoderTest, GgufLlamaOrderDecodesAsHf) {
+  auto tok = ChainTokenizer(kGgufLlamaDecoder);
+  ASSERT_TRUE(tok);
+  EXPECT_FALSE(tok->DecodesPerToken());
+  EXPECT_EQ(DecodeIds(*tok, {5, 6}), "ab");
+  EXPECT_EQ(DecodeIds(*tok, {0, 5, 6}), "ab");
+  EXPECT_EQ(DecodeIds(*tok, {2, 3, 4, 5}), "\xE4\xB8\xAD a");
+  // A run that is not valid UTF-8: one U+FFFD per byte, "A" included.
+  EXPECT_EQ(DecodeIds(*tok, {1, 2, 5}), kFffd + kFffd + " a");
+  EXPECT_EQ(DecodeIds(*tok, {1, 0, 2, 3}), kFffd + kFffd + kFffd);
+  // Only the text's first space goes, wherever BOS is.
+  EXPECT_EQ(DecodeIds(*tok, {0, 7, 5, 0, 5}), " a a");
+  // Following a token: nothing is stripped.
+  EXPECT_EQ(Decode(*tok, std::vector<int32_t>{5}, 6), " a");
+  EXPECT_EQ(Decode(*tok, std::vector<int32_t>{5}, 0), "a");
+}
+
+TEST(HfTokenizerDecoderTest, TodaysOrderStaysPerToken) {
+  auto tok = ChainTokenizer(R"({"type": "Sequence", "decoders": [
+      {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+      {"type": "ByteFallback"}, {"type": "Fuse"},
+      {"type": "Strip", "content": " ", "start": 1, "stop": 0}]})");
+  ASSERT_TRUE(tok);
+  EXPECT_TRUE(tok->DecodesPerToken());
+  // Per token: the valid "A" stays (hf_tokenizer.h, (b)).
+  EXPECT_EQ(DecodeIds(*tok, {1, 2, 5}), "A" + kFffd + " a");
+}
+
+TEST(HfTokenizerDecoderTest, StepsAfterFusingSeeTheWholeText) {
+  // Metaspace after Fuse: the fused text is HF's first token, so every ▁ goes.
+  auto meta = ChainTokenizer(R"({"type": "Sequence", "decoders": [{"type": "Fuse"},
+      {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always"}]})");
+  ASSERT_TRUE(meta);
+  EXPECT_EQ(DecodeIds(*meta, {5, 6, 5}), "aba");
+  // Strip before Fuse strips every token; Strip after ByteFallback sees each
+  // U+FFFD of an invalid run as a token.
+  auto strip = ChainTokenizer(R"({"type": "Sequence", "decoders": [{"type": "ByteFallback"},
+      {"type": "Strip", "content": "\ufffd", "start": 1, "stop": 0}, {"type": "Fuse"}]})");
+  ASSERT_TRUE(strip);
+  EXPECT_EQ(DecodeIds(*strip, {2, 3, 6}), "b");
+  // A regex Replace, nested Sequences.
+  auto regex = ChainTokenizer(R"({"type": "Sequence", "decoders": [
+      {"type": "Sequence", "decoders": [{"type": "Fuse"}]},
+      {"type": "Replace", "pattern": {"Regex": "\u2581+"}, "content": "_"}]})");
+  ASSERT_TRUE(regex);
+  EXPECT_EQ(DecodeIds(*regex, {7, 7, 5, 7}), "_a_");
+}
+
+// Streaming gives Decode's text, and holds back an open run of byte tokens
+// that a later byte could still turn into U+FFFD.
+TEST(HfTokenizerDecoderTest, StreamsWhatDecodeGives) {
+  auto tok = ChainTokenizer(kGgufLlamaDecoder);
+  ASSERT_TRUE(tok);
+  {
+    TextStream stream(*tok, 0, {});
+    EXPECT_EQ(stream.Push(1).text, "");  // "A", but the run is open
+    EXPECT_EQ(stream.Push(2).text, "");
+    EXPECT_EQ(stream.Push(5).text, kFffd + kFffd + " a");
+    EXPECT_EQ(stream.Push(7).text, " ");
+    EXPECT_EQ(stream.Push(6).text, "b");
+    EXPECT_EQ(stream.Finish(), "");
+  }
+  {
+    TextStream stream(*tok, 0, {"a b"});
+    EXPECT_EQ(stream.Push(5).text, "");  // "a" may start the stop sequence
+    const TextStream::Piece p = stream.Push(7);
+    EXPECT_FALSE(p.stopped);
+    EXPECT_TRUE(stream.Push(6).stopped);
+  }
+  std::mt19937 rng(7);
+  for (int round = 0; round < 300; ++round) {
+    std::vector<int32_t> ids(1 + rng() % 12);
+    for (int32_t& id : ids) id = static_cast<int32_t>(rng() % 9);  // 8: outside
+    const int32_t prev = static_cast<int32_t>(rng() % 3) - 1;
+    TextStream stream(*tok, prev, {});
+    std::string streamed;
+    for (const int32_t id : ids) streamed += stream.Push(id).text;
+    streamed += stream.Finish();
+    EXPECT_EQ(streamed, Decode(*tok, ids, prev)) << round;
+  }
+}
+
+// A decoder that can rewrite text already decoded (a Replace across tokens
+// after fusing) is still exact: the stream waits for the end.
+TEST(HfTokenizerDecoderTest, RewritingChainsStreamAtTheEnd) {
+  auto tok = ChainTokenizer(R"({"type": "Sequence", "decoders": [{"type": "Fuse"},
+      {"type": "Replace", "pattern": {"String": "a\u2581"}, "content": "X"}]})");
+  ASSERT_TRUE(tok);
+  TextStream stream(*tok, -1, {});
+  EXPECT_EQ(stream.Push(5).text, "");
+  EXPECT_EQ(stream.Push(7).text, "");
+  EXPECT_EQ(stream.Finish(), "\u2581X");
+  EXPECT_EQ(DecodeIds(*tok, {5, 7}), "\u2581X");
+}
+
+// ---------------------------------------------------------------------------
 // Errors
 // ---------------------------------------------------------------------------
 
@@ -413,9 +540,10 @@ TEST(HfTokenizerErrorsTest, UnsupportedComponentsAreNamed) {
        "normalizer.normalizers[1]: normalizer Precompiled"},
       {"/post_processor", R"({"type": "RobertaProcessing"})", "post-processor RobertaProcessing"},
       {"/decoder", R"({"type": "WordPiece"})", "decoder: decoder WordPiece"},
-      {"/decoder", R"({"type": "Sequence", "decoders": [{"type": "Fuse"},
-         {"type": "Strip", "content": " ", "start": 0, "stop": 1}]})",
-       "Strip of the fused text"},
+      {"/decoder", R"({"type": "Sequence", "decoders": [{"type": "Fuse"}, {"type": "CTC"}]})",
+       "decoder.decoders[1]: decoder CTC"},
+      {"/decoder", R"({"type": "Replace", "pattern": {"Regex": "\\w"}, "content": ""})",
+       "\\w is not supported"},
       {"/pre_tokenizer",
        R"({"type": "Split", "pattern": {"Regex": "\\w+"}, "behavior": "Isolated"})",
        "regex \"\\w+\": \\w is not supported"},

@@ -362,6 +362,15 @@ def variants():
                     ("<|im_start|>", {"special": True, "lstrip": True, "rstrip": True}),
                     ("<mask>", {"special": True, "single_word": True})])
     out["tinyllama-added"] = (None, s)
+
+    # Llama's decoder as transformers writes it when it converts a GGUF file
+    # (SmolLM2): ByteFallback and Fuse before the Replace.
+    s = _repair_merges(_load("tinyllama-tokenizer"))
+    s["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "ByteFallback"}, {"type": "Fuse"},
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    out["tinyllama-gguf-decoder"] = (None, s)
     return out
 
 
@@ -386,6 +395,11 @@ def run_cli(tokenizer_path, lines, tmp_path):
     out = [json.loads(line) for line in proc.stdout.split("\n") if line]
     assert "load_notes" in out[0]
     assert len(out) == len(lines) + 1
+    for line, o in zip(lines, out[1:]):
+        if isinstance(line, dict) and "ids" in line:
+            # Streaming id by id gives Decode's text.
+            assert "".join(o["streamed"]) == o["decoded"], (line, o)
+    run_cli.per_token = out[0]["decodes_per_token"]
     return out[0]["load_notes"], out[1:]
 
 
@@ -548,6 +562,144 @@ def test_parity(name, corpus, tmp_path):
     assert all(0 <= i < vocab_size for o in ours_raw for i in o["with"] + o["without"])
     print(f"{name}: invalid UTF-8: {len(raw)} byte strings, {len(raw) - len(failures)} matched")
     assert not failures, f"{len(failures)} mismatches, first: " + "\n".join(failures[:20])
+
+
+# ---------------------------------------------------------------------------
+# Decoder chains in every order
+# ---------------------------------------------------------------------------
+
+_META = "\u2581"
+_DECODER_STEPS = {
+    "R": {"type": "Replace", "pattern": {"String": _META}, "content": " "},
+    "B": {"type": "ByteFallback"},
+    "F": {"type": "Fuse"},
+    "S": {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+    "S2": {"type": "Strip", "content": " ", "start": 2, "stop": 0},
+    "Rx": {"type": "Replace", "pattern": {"Regex": _META + "+"}, "content": " "},
+    "Rab": {"type": "Replace", "pattern": {"String": "e" + _META}, "content": "E_"},
+    "Ra": {"type": "Replace", "pattern": {"String": "a"}, "content": "@@"},
+    "Rsp": {"type": "Replace", "pattern": {"String": " "}, "content": "_"},
+    "Rthe": {"type": "Replace", "pattern": {"String": "the"}, "content": "THE"},
+    "Rnl": {"type": "Replace", "pattern": {"String": "\ufffd"}, "content": "?"},
+    "Sff": {"type": "Strip", "content": "\ufffd", "start": 1, "stop": 0},
+    "L": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+          "use_regex": False},
+    "Ma": {"type": "Metaspace", "replacement": _META, "prepend_scheme": "always", "split": True},
+    "Mf": {"type": "Metaspace", "replacement": _META, "prepend_scheme": "first", "split": True},
+    "Mn": {"type": "Metaspace", "replacement": _META, "prepend_scheme": "never", "split": True},
+    "Mg": {"type": "Metaspace", "replacement": "\u0120", "prepend_scheme": "always",
+           "split": True},
+}
+
+
+def _chain(names, nest):
+    """A decoder of the named steps; with nest, the middle ones in a nested
+    Sequence (and the whole in one more)."""
+    steps = [_DECODER_STEPS[n] for n in names]
+    if nest and len(steps) > 2:
+        steps = [steps[0], {"type": "Sequence", "decoders": steps[1:-1]}, steps[-1]]
+    if len(steps) == 1 and not nest:
+        return steps[0]
+    return {"type": "Sequence", "decoders": steps}
+
+
+def decoder_chains():
+    """name -> (shared file, decoder)."""
+    import itertools
+    out = {}
+    # Llama's four steps in every order, on the small vocabulary.
+    for k, perm in enumerate(itertools.permutations(["R", "B", "F", "S"])):
+        out["stories-" + "".join(perm)] = ("stories260K-hf", _chain(perm, nest=k % 2 == 1))
+    for perm in itertools.permutations(["B", "F", "S2", "R"], 3):
+        out["stories-" + "".join(perm)] = ("stories260K-hf", _chain(perm, nest=True))
+    # Metaspace with each prepend scheme, in every order with ByteFallback and Fuse.
+    for m in ("Ma", "Mf", "Mn"):
+        for perm in itertools.permutations([m, "B", "F"]):
+            out["stories-" + "".join(perm)] = ("stories260K-hf", _chain(perm, nest=False))
+    # Replace patterns that can span tokens after fusing, a regex, steps on
+    # ByteFallback's U+FFFD.
+    for names in (["B", "F", "Rab"], ["Rab", "B", "F"], ["B", "F", "Rx", "S"],
+                  ["Rx", "B", "F", "S"], ["B", "Sff", "F", "R"], ["B", "Rnl", "F", "R", "S"],
+                  ["F", "B", "R"], ["B", "F", "Ra", "R"], ["B", "F", "R", "Rsp"]):
+        out["stories-" + "".join(names)] = ("stories260K-hf", _chain(names, nest=False))
+    # The GGUF order on the full Llama vocabulary.
+    out["tinyllama-BFRS"] = ("tinyllama-tokenizer", _chain(["B", "F", "R", "S"], nest=False))
+    out["tinyllama-BRFS"] = ("tinyllama-tokenizer", _chain(["B", "R", "F", "S"], nest=True))
+    # ByteLevel with steps around it.
+    for names in (["L", "S"], ["L", "Ra"], ["L", "Rthe"], ["S", "L"], ["Mg", "L"], ["L", "Mg"],
+                  ["F", "L"], ["L", "L"], ["B", "L"], ["L", "B"], ["Rsp", "L", "Rsp"]):
+        out["gpt2-" + "".join(names)] = ("gpt2-tokenizer", _chain(names, nest=False))
+    return out
+
+
+DECODER_CHAINS = decoder_chains() if MODELS.is_dir() else {}
+
+
+def random_decode_ids(hf, vocab_size, special, bos, rng):
+    """Random ids with byte-fallback tokens in whole characters, in broken
+    ones (truncated, stray continuation bytes, invalid leads) and next to
+    ordinary tokens and special ones."""
+    byte_ids = [hf.token_to_id(f"<0x{b:02X}>") for b in range(256)]
+    has_bytes = all(i is not None for i in byte_ids)
+    seqs = []
+    for _ in range(NUM_RANDOM_IDS // 3):
+        seq = []
+        for _ in range(rng.randint(1, 16)):
+            r = rng.random()
+            if r < 0.07 and special:
+                seq.append(rng.choice(special))
+            elif r < 0.30 and has_bytes:
+                b = _any_char(rng).encode("utf-8")
+                if rng.random() < 0.3:
+                    b = b[:rng.randint(0, len(b))] + bytes([rng.randrange(256)])
+                seq.extend(byte_ids[x] for x in b)
+            else:
+                seq.append(rng.randrange(vocab_size))
+        if rng.random() < 0.4 and bos is not None:
+            seq.insert(0, bos)
+        seqs.append(seq)
+    return seqs
+
+
+@pytest.mark.parametrize("name", list(DECODER_CHAINS) or ["none"])
+def test_decoder_chain(name, tmp_path):
+    """Decode == HF decode on random ids for every chain that is not per
+    token (exact), and streaming concatenates to Decode (run_cli)."""
+    assert CLI and Path(CLI).is_file(), "COALESCE_TOKENIZE must name coalesce-tokenize"
+    assert MODELS.is_dir(), "COALESCE_MODELS_DIR must name the shared models folder"
+    shared, decoder = DECODER_CHAINS[name]
+    spec = _repair_merges(_load(shared))
+    spec["decoder"] = decoder
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(spec, ensure_ascii=False), "utf-8")
+    hf = tokenizers.Tokenizer.from_file(str(path))
+    special, bos = special_ids(spec)
+    rng = random.Random(SEED + 7)
+    vocab_size = hf.get_vocab_size(with_added_tokens=True)
+    seqs = random_decode_ids(hf, vocab_size, sorted(special), bos, rng)
+    # Encoded text too: what generation looks like.
+    texts = generated_corpus()[:300]
+    seqs += [e.ids for e in hf.encode_batch(texts, add_special_tokens=True)]
+    _, ours = run_cli(path, [{"ids": s} for s in seqs], tmp_path)
+    per_token = run_cli.per_token
+    want = hf.decode_batch(seqs, skip_special_tokens=True)
+    sp_style = first_token_decoder(spec)
+    failures, compared = [], 0
+    for seq, o, w in zip(seqs, ours, want):
+        if per_token and not decode_guaranteed(seq, hf, special, bos, sp_style):
+            continue
+        compared += 1
+        if o["decoded"] != w:
+            failures.append(f"{seq}: ours {o['decoded']!r} HF {w!r}")
+    print(f"\n{name}: per token {per_token}: {compared} of {len(seqs)} compared, "
+          f"{compared - len(failures)} matched")
+    assert compared >= len(seqs) // 3
+    assert not failures, f"{len(failures)} mismatches, first: " + "\n".join(failures[:10])
+
+    # The generated text continuing a prompt: streamed pieces concatenate to
+    # Decode with the prompt's last token as prev (checked in run_cli).
+    prompts = [{"ids": s[1:], "prev": s[0]} for s in seqs if len(s) > 1]
+    run_cli(path, prompts, tmp_path)
 
 
 # ---------------------------------------------------------------------------

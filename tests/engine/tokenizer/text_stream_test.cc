@@ -48,6 +48,58 @@ StreamRun Feed(const Tokenizer& tok, const std::vector<int32_t>& ids,
   return run;
 }
 
+// A tokenizer whose text is not per token: DecodeRun joins the pieces with
+// "-" (also after a text token before the run); the text of a run ending in
+// token 1 is open (later tokens may change it). TokenBytes must not be used.
+class RunTokenizer : public FakeTokenizer {
+ public:
+  using FakeTokenizer::FakeTokenizer;
+  std::string TokenBytes(int32_t, int32_t) const override { return "WRONG"; }
+  bool DecodesPerToken() const override { return false; }
+  std::string DecodeRun(std::span<const int32_t> ids, int32_t prev, bool* open_end) const override {
+    std::string out;
+    bool joined = prev > 0;
+    for (const int32_t id : ids) {
+      if (id == 0) continue;
+      if (joined) out += "-";
+      out += FakeTokenizer::TokenBytes(-1, id);
+      joined = true;
+    }
+    if (open_end != nullptr) *open_end = !ids.empty() && ids.back() == 1;
+    return out;
+  }
+};
+
+TEST(TextStreamTest, RunDecoderStreamsWhatDecodeGives) {
+  RunTokenizer tok({"", "x", "y", "z"});
+  StreamRun run = Feed(tok, {1, 2, 1, 3, 0, 2}, {});
+  EXPECT_EQ(run.pieces, (std::vector<std::string>{"", "x-y", "", "-x-z", "", "-y"}));
+  EXPECT_EQ(run.text, "x-y-x-z-y");
+  EXPECT_EQ(run.text, Decode(tok, std::vector<int32_t>{1, 2, 1, 3, 0, 2}));
+  // An open end waits for Finish.
+  run = Feed(tok, {2, 1}, {});
+  EXPECT_EQ(run.pieces, (std::vector<std::string>{"y", ""}));
+  EXPECT_EQ(run.text, "y-x");
+  // Stop sequences across the pieces.
+  run = Feed(tok, {1, 2, 3, 1, 2}, {"y-z"});
+  EXPECT_TRUE(run.stopped);
+  EXPECT_EQ(run.text, "x-");
+  // After a prompt token, the run continues its text.
+  TextStream stream(tok, 3, {});
+  EXPECT_EQ(stream.Push(2).text, "-y");
+  std::mt19937 rng(3);
+  for (int round = 0; round < 200; ++round) {
+    std::vector<int32_t> ids(1 + rng() % 10);
+    for (int32_t& id : ids) id = static_cast<int32_t>(rng() % 4);
+    const int32_t prev = static_cast<int32_t>(rng() % 5) - 1;
+    TextStream s(tok, prev, {});
+    std::string text;
+    for (const int32_t id : ids) text += s.Push(id).text;
+    text += s.Finish();
+    EXPECT_EQ(text, Decode(tok, ids, prev)) << round;
+  }
+}
+
 TEST(TextStreamTest, NoStopsPassesTextThrough) {
   FakeTokenizer tok({"", "Hello", " world"});
   StreamRun run = Feed(tok, {1, 0, 2}, {});
