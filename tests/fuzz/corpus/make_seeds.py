@@ -1,9 +1,11 @@
-"""Writes the seed inputs of the Hugging Face fuzz targets (tools/fuzz.sh
-passes corpus/<target> to each): small valid model folders for hf_model_fuzz
-and small tokenizer.json files and texts for hf_tokenizer_fuzz, in the input
-formats those targets read. Without seeds the fuzzer would take hours to
-produce a safetensors header whose tensors tile the data and match
-config.json. Run from anywhere: python3 tests/fuzz/corpus/make_seeds.py
+"""Writes the seed inputs of the Hugging Face and GGUF fuzz targets
+(tools/fuzz.sh passes corpus/<target> to each): small valid model folders for
+hf_model_fuzz, small tokenizer.json files and texts for hf_tokenizer_fuzz, and
+small GGUF files for gguf_fuzz, in the input formats those targets read.
+Without seeds the fuzzer would take hours to produce a safetensors header
+whose tensors tile the data and match config.json, or a GGUF tensor table
+whose offsets are aligned and inside the file. Run from anywhere:
+python3 tests/fuzz/corpus/make_seeds.py
 """
 
 import json
@@ -174,9 +176,99 @@ TOKENIZERS = {
     "text-code": b"\x01def f(x):\n    return x + 1  # caf\xc3\xa9 \xe2\x80\x94 <|endoftext|></s>",
 }
 
+# ---------------------------------------------------------------------------
+# gguf_fuzz: GGUF files (engine/model/gguf_file.h describes the layout)
+# ---------------------------------------------------------------------------
+
+GGUF_SCALARS = {"u8": (0, "B"), "i8": (1, "b"), "u16": (2, "H"), "i16": (3, "h"), "u32": (4, "I"),
+                "i32": (5, "i"), "f32": (6, "f"), "bool": (7, "?"), "u64": (10, "Q"),
+                "i64": (11, "q"), "f64": (12, "d")}
+GGUF_STRING, GGUF_ARRAY = 8, 9
+# ggml type id -> (block size, bytes per block), the types gguf_fuzz dequantizes.
+GGML_TYPES = {"F32": (0, 1, 4), "F16": (1, 1, 2), "BF16": (30, 1, 2), "Q4_0": (2, 32, 18),
+              "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24), "Q8_0": (8, 32, 34),
+              "Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144),
+              "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210)}
+
+
+def gguf_string(s):
+    data = s.encode() if isinstance(s, str) else s
+    return struct.pack("<Q", len(data)) + data
+
+
+def gguf_value(kind, value):
+    """(type id, bytes) of a value: kind is a GGUF_SCALARS name, "string",
+    or ("array", item kind) with a list of values."""
+    if kind == "string":
+        return GGUF_STRING, gguf_string(value)
+    if isinstance(kind, tuple):
+        item_type = None
+        body = b""
+        for item in value:
+            item_type, data = gguf_value(kind[1], item)
+            body += data
+        if item_type is None:
+            item_type = gguf_value(kind[1], [] if isinstance(kind[1], tuple) else 0)[0]
+        return GGUF_ARRAY, struct.pack("<IQ", item_type, len(value)) + body
+    type_id, fmt = GGUF_SCALARS[kind]
+    return type_id, struct.pack("<" + fmt, value)
+
+
+def gguf_file(metadata, tensors, version=3, alignment=32):
+    """metadata: [(key, kind, value)]; tensors: [(name, type name, dims)],
+    their data a byte pattern with f16 scales that are finite."""
+    out = struct.pack("<4sIQQ", b"GGUF", version, len(tensors), len(metadata))
+    for key, kind, value in metadata:
+        type_id, data = gguf_value(kind, value)
+        out += gguf_string(key) + struct.pack("<I", type_id) + data
+    data, infos = b"", b""
+    for i, (name, type_name, dims) in enumerate(tensors):
+        type_id, block_size, block_bytes = GGML_TYPES[type_name]
+        n = 1
+        for d in dims:
+            n *= d
+        size = n // block_size * block_bytes
+        data += b"\0" * (-len(data) % alignment)
+        infos += gguf_string(name) + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims, type_id,
+                                                  len(data))
+        # Bytes 0x10..0x3b repeating: as f16, 0x3b3a.. to 0x1110.. are finite.
+        data += bytes(0x10 + (i + k) % 44 for k in range(size))
+    out += infos
+    out += b"\0" * (-len(out) % alignment)
+    return out + data
+
+
+GGUF_METADATA = [
+    ("general.architecture", "string", "llama"),
+    ("general.name", "string", "seed \u00e9\u6771"),
+    ("llama.block_count", "u32", 2),
+    ("llama.rope.freq_base", "f32", 10000.0),
+    ("u8", "u8", 255), ("i8", "i8", -1), ("u16", "u16", 65535), ("i16", "i16", -2),
+    ("i32", "i32", -3), ("u64", "u64", 2**64 - 1), ("i64", "i64", -4), ("f64", "f64", 0.5),
+    ("bool", "bool", True),
+    ("tokenizer.ggml.tokens", ("array", "string"), ["<unk>", "<s>", "</s>", "a", ""]),
+    ("tokenizer.ggml.token_type", ("array", "i32"), [2, 3, 3, 1, 1]),
+    ("tokenizer.ggml.scores", ("array", "f32"), [0.0, 0.0, 0.0, -1.5, -2.5]),
+    ("flags", ("array", "bool"), [True, False]),
+    ("nested", ("array", ("array", "u16")), [[1, 2], [], [3]]),
+]
+GGUF_TENSORS = [("f32", "F32", [8, 2]), ("f16", "F16", [4]), ("bf16", "BF16", [2, 2, 2]),
+                ("q4_0", "Q4_0", [32, 2]), ("q4_1", "Q4_1", [32]), ("q5_0", "Q5_0", [32]),
+                ("q5_1", "Q5_1", [32]), ("q8_0", "Q8_0", [64]), ("q2_k", "Q2_K", [256]),
+                ("q3_k", "Q3_K", [256]), ("q4_k", "Q4_K", [256]), ("q5_k", "Q5_K", [256]),
+                ("q6_k", "Q6_K", [256, 1, 1, 1])]
+GGUF = {
+    "metadata-only": gguf_file(GGUF_METADATA, []),
+    "every-type": gguf_file(GGUF_METADATA[:4], GGUF_TENSORS),
+    "version-2": gguf_file(GGUF_METADATA[:2], GGUF_TENSORS[:4], version=2),
+    "alignment-64": gguf_file(GGUF_METADATA[:2] + [("general.alignment", "u32", 64)],
+                              GGUF_TENSORS[3:6], alignment=64),
+}
+
 
 def main():
-    for target, seeds in (("hf_model_fuzz", MODELS), ("hf_tokenizer_fuzz", TOKENIZERS)):
+    for target, seeds in (("hf_model_fuzz", MODELS), ("hf_tokenizer_fuzz", TOKENIZERS),
+                          ("gguf_fuzz", GGUF)):
         (HERE / target).mkdir(exist_ok=True)
         for name, data in seeds.items():
             (HERE / target / name).write_bytes(data)

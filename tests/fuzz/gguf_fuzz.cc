@@ -1,0 +1,82 @@
+// libFuzzer target: a GGUF file (engine/model/gguf_file.h). The input is the
+// file's bytes (corpus/gguf_fuzz holds small valid files, made by
+// corpus/make_seeds.py). Opening must return a file or a clear error, never
+// crash, read out of bounds, hang or allocate without bound; a file it
+// returns must have every metadata value readable through the accessors and
+// every tensor of a dequantizable type convertible from its bytes.
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "engine/model/gguf_file.h"
+#include "engine/model/gguf_quant.h"
+
+namespace {
+
+using coalesce::engine::GgufFile;
+using coalesce::engine::GgufTensor;
+using coalesce::engine::GgufValue;
+using coalesce::engine::GgufValueType;
+
+volatile size_t sink = 0;
+
+void Touch(const GgufValue& v) {
+  sink = sink + v.Describe().size();
+  if (!v.is_array()) return;
+  if (v.item_type() == GgufValueType::kArray) {
+    if (v.arrays().size() != v.size()) __builtin_trap();
+    for (const GgufValue& item : v.arrays()) Touch(item);
+  } else if (v.item_type() == GgufValueType::kString) {
+    if (v.strings().size() != v.size()) __builtin_trap();
+    for (const auto& s : v.strings()) sink = sink + s.size();
+  } else {
+    for (uint64_t i = 0; i < v.size(); ++i) sink = sink + v.At(i).Describe().size();
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const std::string path = "/dev/shm/coalesce-fuzz-gguf-" + std::to_string(getpid());
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) return 0;
+  const bool written = std::fwrite(data, 1, size, f) == size;
+  if (std::fclose(f) != 0 || !written) return 0;
+
+  auto file = GgufFile::Open(path);
+  if (!file.ok()) return 0;
+  for (const auto& kv : file->metadata()) {
+    Touch(kv.value);
+    // Every accessor answers, with a value or an error.
+    sink = sink + file->GetUint(kv.key).ok() + file->GetInt(kv.key).ok() +
+           file->GetFloat(kv.key).ok() + file->GetBool(kv.key).ok() + file->GetString(kv.key).ok() +
+           file->GetStringArray(kv.key).ok() + file->GetIntArray(kv.key).ok() +
+           file->GetFloatArray(kv.key).ok();
+  }
+  const auto* begin = static_cast<const std::byte*>(file->mapping().get());
+  std::vector<float> values;
+  for (const GgufTensor& t : file->tensors()) {
+    if (file->FindTensor(t.name) != &t) __builtin_trap();
+    // Inside the file, and the size its dims and type imply.
+    if (t.num_bytes < 0 || t.data < begin ||
+        static_cast<uint64_t>(t.data - begin) + static_cast<uint64_t>(t.num_bytes) >
+            file->file_size()) {
+      __builtin_trap();
+    }
+    auto bytes = coalesce::engine::GgmlRowBytes(t.type, t.num_elements);
+    if (!bytes.ok() || *bytes != t.num_bytes) __builtin_trap();
+    if (!coalesce::engine::GgmlTypeCanDequantize(t.type)) continue;
+    values.resize(static_cast<size_t>(t.num_elements));
+    if (!coalesce::engine::DequantizeToFloat(t.type, t.data, t.num_elements, values.data()).ok()) {
+      __builtin_trap();
+    }
+    float sum = 0;
+    for (const float v : values) sum += v;
+    sink = sink + static_cast<size_t>(sum == sum);
+  }
+  return 0;
+}
