@@ -1,15 +1,21 @@
 #include "engine/model/load.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "engine/model/gguf_model.h"
 #include "engine/model/llama2c.h"
 #include "engine/model/synthetic.h"
 #include "engine/tokenizer/llama2c_tokenizer.h"
 #if COALESCE_HF_FORMATS
+#include "engine/model/gguf_vocab.h"
 #include "engine/model/hf_model.h"
 #include "engine/tokenizer/hf_tokenizer.h"
 #endif
@@ -63,6 +69,56 @@ absl::StatusOr<LoadedModel> LoadHfFolder(const std::string& dir, const std::stri
 }
 #endif
 
+// "210 Q4_1, 61 F32, 1 Q8_0": the tensor types, most common first.
+std::string DescribeTensorTypes(const std::map<std::string, int>& counts) {
+  std::vector<std::pair<int, std::string>> sorted;
+  for (const auto& [type, n] : counts) sorted.emplace_back(-n, type);
+  std::sort(sorted.begin(), sorted.end());
+  std::string out;
+  for (const auto& [n, type] : sorted)
+    absl::StrAppend(&out, out.empty() ? "" : ", ", -n, " ", type);
+  return out;
+}
+
+// The weights, dequantized, and the tokenizer the metadata describes (or the
+// tokenizer.json / tokenizer.bin given instead).
+absl::StatusOr<LoadedModel> LoadGguf(const std::string& path, const std::string& tokenizer_path) {
+  LoadedModel out;
+  GgufLoadReport report;
+  ASSIGN_OR_RETURN(Model model, LoadGgufModel(path, &report));
+  LogF(LogLevel::kInfo,
+       "%s: GGUF, %.1f MB (%s tensors), dequantized to float32 at load: %.1f MB of weights",
+       path.c_str(), report.file_bytes / 1e6, DescribeTensorTypes(report.tensors_by_type).c_str(),
+       report.weight_bytes / 1e6);
+  out.chat_template = std::move(report.chat_template);
+  if (!tokenizer_path.empty() && absl::EndsWith(tokenizer_path, ".bin")) {
+    ASSIGN_OR_RETURN(out.tokenizer, LoadLlama2cTokenizer(tokenizer_path, model.config.vocab_size));
+  } else {
+#if COALESCE_HF_FORMATS
+    if (tokenizer_path.empty()) {
+      ASSIGN_OR_RETURN(out.tokenizer, LoadGgufTokenizer(path));
+    } else {
+      HfTokenizerOptions options;
+      if (!model.config.eos_token_ids.empty()) options.eos_ids = model.config.eos_token_ids;
+      ASSIGN_OR_RETURN(out.tokenizer, LoadHfTokenizer(tokenizer_path, options));
+    }
+#else
+    return absl::UnimplementedError(absl::StrCat(
+        path,
+        ": the tokenizers of GGUF files and tokenizer.json need the Hugging Face formats, which "
+        "this build does not have (-DCOALESCE_HF_FORMATS=OFF); give a llama2.c tokenizer.bin "
+        "with --tokenizer"));
+#endif
+  }
+  if (out.tokenizer->vocab_size() > model.config.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        tokenizer_path.empty() ? path : tokenizer_path, " has ", out.tokenizer->vocab_size(),
+        " tokens but the model's vocab_size is ", model.config.vocab_size));
+  }
+  out.model = std::make_shared<const Model>(std::move(model));
+  return out;
+}
+
 absl::StatusOr<LoadedModel> LoadLlama2c(const std::string& checkpoint,
                                         const std::string& tokenizer_path) {
   LoadedModel out;
@@ -81,6 +137,7 @@ absl::StatusOr<LoadedModel> LoadLlama2c(const std::string& checkpoint,
 absl::StatusOr<LoadedModel> LoadModel(const ModelSpec& spec) {
   if (absl::StartsWith(spec.model, "synthetic:")) return LoadSynthetic(spec.model);
   if (std::filesystem::is_directory(spec.model)) return LoadHfFolder(spec.model, spec.tokenizer);
+  if (IsGgufFile(spec.model)) return LoadGguf(spec.model, spec.tokenizer);
   return LoadLlama2c(spec.model, spec.tokenizer);
 }
 

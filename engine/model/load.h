@@ -14,15 +14,20 @@ namespace coalesce::engine {
 struct ModelSpec {
   // "synthetic:NAME" (engine/model/synthetic.h), a Hugging Face folder
   // (config.json and safetensors; tokenizer.json with the end-of-sequence ids
-  // of its config), or a llama2.c checkpoint (tokenizer.bin beside it).
+  // of its config), a GGUF file (engine/model/gguf_model.h; the tokenizer its
+  // metadata describes), or a llama2.c checkpoint (tokenizer.bin beside it).
   std::string model = {};
-  // Overrides the format's tokenizer file; empty for the default.
+  // Overrides the format's tokenizer file (a tokenizer.json, or a llama2.c
+  // tokenizer.bin); empty for the default.
   std::string tokenizer = {};
 };
 
 struct LoadedModel {
   std::shared_ptr<const Model> model;
   std::unique_ptr<Tokenizer> tokenizer;
+  // The model's chat template (Jinja), when its files carry one (GGUF's
+  // tokenizer.chat_template); "" otherwise.
+  std::string chat_template;
 };
 
 // Picks the format from `spec.model`. Errors name the file and the problem; a
