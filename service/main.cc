@@ -33,13 +33,15 @@ ABSL_FLAG(int, metrics_port, Defaults().metrics_port,
           "Port of the Prometheus endpoint (/metrics). 0 picks a free port; "
           "-1 turns it off.");
 ABSL_FLAG(std::string, model, Defaults().model,
-          "The model: a Hugging Face folder (config.json, *.safetensors, tokenizer.json; "
+          "The model: a GGUF file (llama, qwen2; quantized tensors are dequantized at "
+          "load), a Hugging Face folder (config.json, *.safetensors, tokenizer.json; "
           "Llama, Mistral, Qwen2), a llama2.c checkpoint file, or an embedded synthetic "
           "model (synthetic:tiny, synthetic:15m, synthetic:110m, synthetic:1b) with random "
           "weights.");
 ABSL_FLAG(std::string, tokenizer, Defaults().tokenizer,
-          "The tokenizer, when not the default: tokenizer.json in a Hugging Face folder, "
-          "tokenizer.bin beside a llama2.c checkpoint.");
+          "The tokenizer, when not the default (the GGUF file's own, tokenizer.json in a "
+          "Hugging Face folder, tokenizer.bin beside a llama2.c checkpoint): a "
+          "tokenizer.json or a llama2.c tokenizer.bin.");
 ABSL_FLAG(absl::Duration, batch_window, Defaults().scheduler.batch_window,
           "Coalescing window: a request that could be admitted waits at most this "
           "long for companions, unless enough arrive to fill the free batch slots. "

