@@ -43,6 +43,13 @@ std::vector<float> RopeInverseFrequencies(const ModelConfig& config) {
       }  // high frequencies stay as they are
     }
   }
+  // Per-pair factors (llama.cpp's rope_freqs.weight): ggml divides each
+  // pair's angle by its factor, which is dividing its inverse frequency.
+  // Loaders guarantee head_dim / 2 of them; the bound only keeps a config
+  // built by hand from reading past the end.
+  for (size_t i = 0; i < inv_freq.size() && i < s.freq_factors.size(); ++i) {
+    inv_freq[i] /= s.freq_factors[i];
+  }
   return inv_freq;
 }
 

@@ -18,6 +18,12 @@ namespace coalesce::engine {
 // than original_max_position_embeddings / low_freq_factor are divided by
 // `factor`, those shorter than original_max_position_embeddings /
 // high_freq_factor are kept, and the ones between are interpolated smoothly.
+//
+// freq_factors, whatever the type, divides each pair's inverse frequency by
+// its own factor, after the type's scaling: inv_freq[i] /= freq_factors[i].
+// It is what llama.cpp's GGUF files carry for Llama 3.1 instead of the
+// formula above (the rope_freqs.weight tensor, ggml's "freq_factors"). Empty
+// (the default) or head_dim / 2 positive factors; loaders check that.
 struct RopeScaling {
   enum class Type { kNone, kLlama3 };
   Type type = Type::kNone;
@@ -25,6 +31,7 @@ struct RopeScaling {
   float low_freq_factor = 1.0f;
   float high_freq_factor = 4.0f;
   int original_max_position_embeddings = 0;
+  std::vector<float> freq_factors = {};  // [head_dim / 2], or empty
 };
 
 struct ModelConfig {

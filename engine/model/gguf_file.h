@@ -2,7 +2,8 @@
 // only, i.e. the metadata key/values and the tensor table, with each
 // tensor's bytes located in the file's memory mapping. Turning the tensors
 // into floats is engine/model/gguf_quant.h; turning a GGUF file into a model
-// is not done yet.
+// is engine/model/gguf_model.h, and its tokenizer metadata into a tokenizer
+// engine/model/gguf_vocab.h.
 //
 // The layout (GGUF versions 2 and 3, little-endian; every integer below is
 // little-endian, a "string" is a uint64 byte length and that many bytes):

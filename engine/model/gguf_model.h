@@ -2,6 +2,30 @@
 // Mistral, TinyLlama, SmolLM) and "qwen2", every tensor dequantized at load
 // to float32 (engine/model/gguf_quant.h), which every backend reads; the CUDA
 // backend converts that to its own precision when it uploads the weights.
+//
+// The metadata under "{arch}." gives the shape: block_count,
+// embedding_length, feed_forward_length, attention.head_count,
+// attention.head_count_kv (default: head_count), context_length (the
+// config's max_seq_len), attention.layer_norm_rms_epsilon, rope.freq_base
+// (default 10000) and vocab_size (else the length of tokenizer.ggml.tokens,
+// else token_embd.weight's rows). rope.dimension_count and
+// attention.key_length / value_length, when present, must equal
+// embedding_length / head_count; RoPE scaling (rope.scaling.type other than
+// "none", a scaling factor other than 1) and mixture-of-experts are refused.
+// Llama 3.1's rope_freqs.weight (per-pair frequency factors) goes to
+// config.rope_scaling.freq_factors. The special tokens are
+// tokenizer.ggml.bos_token_id, and eos_token_id then eot_token_id as the
+// end-of-sequence ids; config.name is general.name, else the file's stem.
+//
+// Tensors (llama.cpp's names): token_embd, output_norm, output (absent: the
+// classifier is tied to the embedding), and per block attn_norm, attn_q,
+// attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down, plus
+// attn_q/k/v.bias for qwen2. Each must have the shape the metadata implies
+// (ggml lists dims innermost first: a [out][in] matrix is {in, out}); any
+// other tensor is an error. llama.cpp's converter stores Llama's q/k rows
+// with RoPE pairs interleaved, the backends' order, so they are used as they
+// are; Qwen2's it leaves in Hugging Face's rotate-half order (ggml's NEOX
+// RoPE), so those rows and their biases are permuted to interleaved here.
 #pragma once
 
 #include <cstdint>

@@ -625,15 +625,13 @@ std::optional<std::vector<int32_t>> HfTokenizer::EncodeAtMost(std::string_view t
 // Loading
 // ---------------------------------------------------------------------------
 
-namespace {
-
-absl::StatusOr<std::unique_ptr<HfTokenizer>> LoadFromJson(std::string_view json,
-                                                          const std::string& source,
-                                                          const HfTokenizerOptions& options) {
+absl::StatusOr<std::unique_ptr<HfTokenizer>> hf::MakeTokenizer(TokenizerSpec spec,
+                                                               std::vector<std::string> notes,
+                                                               const HfTokenizerOptions& options) {
+  const std::string source = spec.source;
   auto impl = std::make_shared<HfTokenizer::Impl>();
-  auto spec = hf::ParseTokenizerJson(json, source, options, &impl->notes);
-  if (!spec.ok()) return spec.status();
-  impl->spec = *std::move(spec);
+  impl->notes = std::move(notes);
+  impl->spec = std::move(spec);
   impl->decode_normalized_added_tokens = options.decode_normalized_added_tokens;
   hf::TokenizerSpec& s = impl->spec;
 
@@ -697,6 +695,17 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> LoadFromJson(std::string_view json,
     if (first != impl->bytes[id]) impl->first_bytes.emplace(id, std::move(first));
   }
   return std::make_unique<HfTokenizer>(std::move(impl));
+}
+
+namespace {
+
+absl::StatusOr<std::unique_ptr<HfTokenizer>> LoadFromJson(std::string_view json,
+                                                          const std::string& source,
+                                                          const HfTokenizerOptions& options) {
+  std::vector<std::string> notes;
+  auto spec = hf::ParseTokenizerJson(json, source, options, &notes);
+  if (!spec.ok()) return spec.status();
+  return hf::MakeTokenizer(*std::move(spec), std::move(notes), options);
 }
 
 }  // namespace

@@ -163,6 +163,20 @@ absl::StatusOr<TokenizerSpec> ParseTokenizerJson(std::string_view json, const st
                                                  const HfTokenizerOptions& options,
                                                  std::vector<std::string>* notes);
 
+// Sets spec.per_token_decode and spec.streamable_decode from spec.decoders
+// (hf_tokenizer_json.cc).
+void ClassifyDecoder(TokenizerSpec& spec);
+
+// The tokenizer of a finished spec: ClassifyDecoder applied, vocab_size above
+// every id of the model, the added tokens, the template and byte_ids, and the
+// merges naming ids of the model (ParseTokenizerJson's result is such a spec;
+// so is BuildGgufTokenizer's). `notes` become load_notes(); options.eos_ids,
+// when set, must lie inside the vocabulary (else an error naming spec.source).
+// May throw std::bad_alloc (hf_tokenizer.cc).
+absl::StatusOr<std::unique_ptr<HfTokenizer>> MakeTokenizer(TokenizerSpec spec,
+                                                           std::vector<std::string> notes,
+                                                           const HfTokenizerOptions& options);
+
 // ---------------------------------------------------------------------------
 // Text helpers (hf_tokenizer_text.cc)
 // ---------------------------------------------------------------------------

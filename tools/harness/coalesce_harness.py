@@ -37,8 +37,9 @@ __all__ = ["HarnessError", "ServerProcess", "die_with_parent", "parse_serving",
 LISTEN_FLAGS = ("--host=127.0.0.1", "--port=0", "--metrics_port=0")
 
 # The server's start-up line: "serving MODEL on HOST:PORT (metrics port N), ..."
+# (MODEL may hold spaces: a GGUF file's general.name does)
 # (N is -1 with the metrics endpoint off).
-SERVING_RE = re.compile(r"serving (\S+) on ([0-9.]+):(\d+) \(metrics port (-?\d+)\)")
+SERVING_RE = re.compile(r"serving (.+?) on ([0-9.]+):(\d+) \(metrics port (-?\d+)\)")
 
 
 class HarnessError(RuntimeError):

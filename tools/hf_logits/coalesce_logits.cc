@@ -1,10 +1,19 @@
-// coalesce-logits: loads a Hugging Face model folder and prints, as JSON, the
-// float32 logits of every step of greedy decoding for each prompt, run twice:
-// each prompt alone, and all prompts batched together in one step sequence.
-// tests/engine/model/test_hf_parity.py compares them with transformers.
+// coalesce-logits: loads a model in any format the engine reads (a Hugging
+// Face folder, a GGUF file, a llama2.c checkpoint, "synthetic:NAME": see
+// engine/model/load.h) and prints, as JSON, the float32 logits of every step
+// of greedy decoding for each prompt, run twice: each prompt alone, and all
+// prompts batched together in one step sequence. tests/engine/model/
+// test_hf_parity.py and test_gguf_model_parity.py compare them with
+// transformers.
 //
-//   coalesce-logits --model DIR --steps N --prompt 1,2,3 [--prompt 4,5 ...]
-//                   [--threads T]
+//   coalesce-logits --model PATH --steps N --prompt 1,2,3 [--prompt 4,5 ...]
+//                   [--threads T] [--tokenizer FILE]
+//
+// The model is loaded with its tokenizer, as the server loads it (which
+// checks that the two agree); --tokenizer overrides the format's own, as the
+// server's flag of that name does. Prompts are token ids either way, so a
+// Hugging Face folder without tokenizer.json (test_hf_parity.py's random
+// models) is loaded without one.
 //
 // Step 0 prefills the prompt and yields the logits after its last token;
 // step i > 0 feeds the token chosen at step i-1. Output:
@@ -13,6 +22,7 @@
 // Errors go to stderr with exit status 1 (2 for bad usage).
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -23,8 +33,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/model/hf_model.h"
+#include "engine/model/load.h"
 #include "engine/sampler.h"
 
 namespace coalesce::engine {
@@ -36,6 +48,7 @@ constexpr int kBlockSize = 16;
 
 struct Options {
   std::string model;
+  std::string tokenizer;
   int steps = 0;
   int threads = 0;
   std::vector<std::vector<int32_t>> prompts;
@@ -104,13 +117,16 @@ absl::StatusOr<Options> ParseArgs(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const std::string value = i + 1 < argc ? argv[i + 1] : "";
-    if (arg != "--model" && arg != "--steps" && arg != "--threads" && arg != "--prompt") {
+    if (arg != "--model" && arg != "--steps" && arg != "--threads" && arg != "--prompt" &&
+        arg != "--tokenizer") {
       return absl::InvalidArgumentError(absl::StrCat("unknown argument ", arg));
     }
     if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
     ++i;
     if (arg == "--model") {
       o.model = value;
+    } else if (arg == "--tokenizer") {
+      o.tokenizer = value;
     } else if (arg == "--steps" || arg == "--threads") {
       int v = 0;
       if (!absl::SimpleAtoi(value, &v) || v < 0) {
@@ -131,10 +147,22 @@ absl::StatusOr<Options> ParseArgs(int argc, char** argv) {
   }
   if (o.model.empty() || o.steps < 1 || o.prompts.empty()) {
     return absl::InvalidArgumentError(
-        "usage: coalesce-logits --model DIR --steps N --prompt 1,2,3 [--prompt ...] "
-        "[--threads T]");
+        "usage: coalesce-logits --model PATH --steps N --prompt 1,2,3 [--prompt ...] "
+        "[--threads T] [--tokenizer FILE]");
   }
   return o;
+}
+
+// The model, through LoadModel unless it is a folder with no tokenizer.
+absl::StatusOr<std::shared_ptr<const Model>> Load(const Options& o) {
+  namespace fs = std::filesystem;
+  if (o.tokenizer.empty() && fs::is_directory(o.model) &&
+      !fs::exists(fs::path(o.model) / "tokenizer.json")) {
+    ASSIGN_OR_RETURN(Model model, LoadHfModel(o.model));
+    return std::make_shared<const Model>(std::move(model));
+  }
+  ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel({.model = o.model, .tokenizer = o.tokenizer}));
+  return loaded.model;
 }
 
 int Main(int argc, char** argv) {
@@ -143,12 +171,12 @@ int Main(int argc, char** argv) {
     std::cerr << options.status().message() << "\n";
     return 2;
   }
-  auto model = LoadHfModel(options->model);
-  if (!model.ok()) {
-    std::cerr << model.status() << "\n";
+  auto loaded = Load(*options);
+  if (!loaded.ok()) {
+    std::cerr << loaded.status() << "\n";
     return 1;
   }
-  const auto shared = std::make_shared<const Model>(*std::move(model));
+  const std::shared_ptr<const Model> shared = *std::move(loaded);
   const ModelConfig& c = shared->config;
   int blocks = 0;
   for (const auto& p : options->prompts) {

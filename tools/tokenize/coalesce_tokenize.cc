@@ -1,10 +1,15 @@
-// coalesce-tokenize: runs coalesce's tokenizer.json tokenizer over a file of
-// inputs, for tests/engine/tokenizer/test_tokenizer_parity.py to compare with HF
-// `tokenizers`.
+// coalesce-tokenize: runs coalesce's tokenizer.json tokenizer, or the
+// tokenizer a GGUF file's metadata describes (engine/model/gguf_vocab.h), over
+// a file of inputs, for tests/engine/tokenizer/test_tokenizer_parity.py and
+// test_gguf_tokenizer_parity.py to compare with HF `tokenizers` and
+// transformers.
 //
 //   coalesce-tokenize --tokenizer tokenizer.json [--input in.jsonl] [--output out.jsonl]
 //                     [--strict_merges] [--decode_normalized_added_tokens]
+//   coalesce-tokenize --gguf model.gguf [--input in.jsonl] [--output out.jsonl]
 //
+// (--strict_merges and --decode_normalized_added_tokens only apply to
+// tokenizer.json files.)
 // Each input line is one JSON value, and gives one output line:
 //   "text"                 -> {"with": [ids], "without": [ids],
 //                              "decoded": Decode(with), "decoded_without": Decode(without)}
@@ -16,16 +21,19 @@
 // TokenBytes, or the whole decoder chain where it is not per token);
 // "streamed" is what a TextStream (no stop sequences) gives for each id
 // pushed in turn, then Finish. A first line {"load_notes": [...],
-// "decodes_per_token": bool} lists what repair_merges changed and whether
-// the decoder is per token. Errors go to stderr with exit status 1 (2 for
+// "decodes_per_token": bool, "vocab_size": n, "bos_id": id, "eos_ids": [...]}
+// lists what repair_merges changed, whether the decoder is per token, and the
+// tokenizer's sizes and ids. Errors go to stderr with exit status 1 (2 for
 // bad usage).
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "engine/model/gguf_vocab.h"
 #include "engine/tokenizer/hf_tokenizer.h"
 #include "engine/tokenizer/text_stream.h"
 
@@ -35,7 +43,7 @@ namespace {
 using Json = nlohmann::json;
 
 struct Options {
-  std::string tokenizer, input, output;
+  std::string tokenizer, gguf, input, output;
   bool strict_merges = false;
   bool decode_normalized_added_tokens = false;  // HfTokenizerOptions
 };
@@ -50,6 +58,8 @@ bool ParseArgs(int argc, char** argv, Options& options) {
     };
     if (arg == "--tokenizer") {
       if (!value(options.tokenizer)) return false;
+    } else if (arg == "--gguf") {
+      if (!value(options.gguf)) return false;
     } else if (arg == "--input") {
       if (!value(options.input)) return false;
     } else if (arg == "--output") {
@@ -62,7 +72,8 @@ bool ParseArgs(int argc, char** argv, Options& options) {
       return false;
     }
   }
-  return !options.tokenizer.empty();
+  // Exactly one tokenizer.
+  return options.tokenizer.empty() != options.gguf.empty();
 }
 
 bool FromHex(const std::string& hex, std::string& out) {
@@ -85,7 +96,8 @@ int Run(const Options& options) {
   HfTokenizerOptions load;
   load.repair_merges = !options.strict_merges;
   load.decode_normalized_added_tokens = options.decode_normalized_added_tokens;
-  auto tokenizer = LoadHfTokenizer(options.tokenizer, load);
+  auto tokenizer = options.gguf.empty() ? LoadHfTokenizer(options.tokenizer, load)
+                                        : LoadGgufTokenizer(options.gguf);
   if (!tokenizer.ok()) {
     std::cerr << "coalesce-tokenize: " << tokenizer.status().message() << "\n";
     return 1;
@@ -111,7 +123,13 @@ int Run(const Options& options) {
   }
   std::ostream& out = options.output.empty() ? std::cout : out_file;
 
-  out << Json{{"load_notes", tok.load_notes()}, {"decodes_per_token", tok.DecodesPerToken()}}.dump()
+  const std::span<const int32_t> eos = tok.eos_ids();
+  out << Json{{"load_notes", tok.load_notes()},
+              {"decodes_per_token", tok.DecodesPerToken()},
+              {"vocab_size", tok.vocab_size()},
+              {"bos_id", tok.bos_id()},
+              {"eos_ids", std::vector<int32_t>(eos.begin(), eos.end())}}
+             .dump()
       << "\n";
   std::string line;
   for (int line_no = 1; std::getline(in, line); ++line_no) {
@@ -183,7 +201,9 @@ int main(int argc, char** argv) {
   if (!coalesce::engine::ParseArgs(argc, argv, options)) {
     std::fprintf(stderr,
                  "usage: coalesce-tokenize --tokenizer tokenizer.json [--input in.jsonl] "
-                 "[--output out.jsonl] [--strict_merges] [--decode_normalized_added_tokens]\n");
+                 "[--output out.jsonl] [--strict_merges] [--decode_normalized_added_tokens]\n"
+                 "       coalesce-tokenize --gguf model.gguf [--input in.jsonl] "
+                 "[--output out.jsonl]\n");
     return 2;
   }
   return coalesce::engine::Run(options);

