@@ -28,5 +28,6 @@ for c in 1 16; do
   echo
   echo "## server, concurrency $c"
   "$bin/coalesce-bench" --server=127.0.0.1:$port --concurrency="$c" --max_new_tokens=128 \
-    --workload=tools/bench/workloads/chatml-long-answers.jsonl --warmup=5s --duration=30s "$@"
+    --workload=tools/bench/workloads/chatml-long-answers.jsonl --warmup=5s --duration=30s \
+    --progress=false "$@"
 done
