@@ -51,6 +51,7 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf_fetch import smollm2_path  # noqa: E402  (beside this file)
+from test_hf_parity import compare_runs  # noqa: E402  (beside this file)
 
 STEPS = 48
 # float32 on both sides, summed in different orders (our kernels' 8 FMA lanes
@@ -105,41 +106,9 @@ def hf_greedy(model, prompt, steps):
 
 
 def check_parity(engine, model, prompts, steps, label):
-    """Compares the engine's run with transformers' model; returns the worst
-    relative logit difference."""
-    worst = 0.0
-    for p, prompt in enumerate(prompts):
-        alone, batched = engine["alone"][p], engine["batched"][p]
-        # Batch invariance: exact, not approximate.
-        assert batched["tokens"] == alone["tokens"], f"{label} prompt {p}: batched tokens differ"
-        assert batched["logits"] == alone["logits"], f"{label} prompt {p}: batched logits differ"
-
-        tokens = alone["tokens"]
-        ours = torch.tensor(alone["logits"], dtype=torch.float32)  # [steps, vocab]
-        with torch.no_grad():
-            full = model(torch.tensor([prompt + tokens[:-1]])).logits[0]
-        reference = full[len(prompt) - 1:]  # the logits after each step's input
-        assert reference.shape == ours.shape == (steps, model.config.vocab_size)
-        scale = max(1.0, float(reference.abs().max()))
-        diff = (ours - reference).abs().max(dim=1).values / scale  # [steps]
-        worst = max(worst, float(diff.max()))
-        bad = int(torch.argmax(diff))
-        assert float(diff[bad]) <= RELATIVE_TOLERANCE, (
-            f"{label} prompt {p}: step {bad} logits differ by {float(diff[bad]):.3g} "
-            f"relative to {scale:.3g}"
-        )
-
-        expected = hf_greedy(model, prompt, steps)
-        if tokens != expected:
-            step = next(i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b)
-            top2 = torch.topk(reference[step], 2).values
-            pytest.fail(
-                f"{label} prompt {p}: greedy token {step} is {tokens[step]}, transformers "
-                f"picks {expected[step]} (reference top-2 gap {float(top2[0] - top2[1]):.3g})"
-            )
-    print(f"\n{label}: max |logit difference| / max |logit| = {worst:.3g} over "
-          f"{len(prompts)} prompts x {steps} steps (tolerance {RELATIVE_TOLERANCE:g})")
-    return worst
+    """test_hf_parity's comparison, with the KV-cached greedy loop above."""
+    return compare_runs(engine, model, prompts, steps, label, greedy=hf_greedy,
+                        tolerance=RELATIVE_TOLERANCE)
 
 
 # ---------------------------------------------------------------------------

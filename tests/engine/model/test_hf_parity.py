@@ -185,12 +185,15 @@ def hf_greedy(model, prompt, steps):
     return out
 
 
-def check_parity(folder, label):
-    engine = run_engine(folder)
-    model = reference_model(folder)
-    torch.set_num_threads(2)
+def compare_runs(engine, model, prompts, steps, label, greedy=None, tolerance=RELATIVE_TOLERANCE):
+    """Compares coalesce-logits' output `engine` (prompts run alone and
+    batched) with transformers' `model`: batched equal to alone bit for bit,
+    logits within `tolerance` of the largest (teacher-forced on the engine's tokens),
+    and the greedy tokens `greedy(model, prompt, steps)` picks (hf_greedy by
+    default). Prints and returns the worst relative logit difference."""
+    greedy = greedy or hf_greedy
     worst = 0.0
-    for p, prompt in enumerate(PROMPTS):
+    for p, prompt in enumerate(prompts):
         alone, batched = engine["alone"][p], engine["batched"][p]
         # Batch invariance: exact, not approximate.
         assert batched["tokens"] == alone["tokens"], f"{label} prompt {p}: batched tokens differ"
@@ -201,17 +204,17 @@ def check_parity(folder, label):
         with torch.no_grad():
             full = model(torch.tensor([prompt + tokens[:-1]])).logits[0]
         reference = full[len(prompt) - 1 :]  # the logits after each step's input
-        assert reference.shape == ours.shape
+        assert reference.shape == ours.shape == (steps, model.config.vocab_size)
         scale = max(1.0, float(reference.abs().max()))
         diff = (ours - reference).abs().max(dim=1).values / scale  # [steps]
         worst = max(worst, float(diff.max()))
         bad = int(torch.argmax(diff))
-        assert float(diff[bad]) <= RELATIVE_TOLERANCE, (
+        assert float(diff[bad]) <= tolerance, (
             f"{label} prompt {p}: step {bad} logits differ by {float(diff[bad]):.3g} "
             f"relative to {scale:.3g}"
         )
 
-        expected = hf_greedy(model, prompt, STEPS)
+        expected = greedy(model, prompt, steps)
         if tokens != expected:
             step = next(i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b)
             top2 = torch.topk(reference[step], 2).values
@@ -219,7 +222,16 @@ def check_parity(folder, label):
                 f"{label} prompt {p}: greedy token {step} is {tokens[step]}, transformers "
                 f"picks {expected[step]} (reference top-2 gap {float(top2[0] - top2[1]):.3g})"
             )
-    print(f"\n{label}: max |logit difference| / max |logit| = {worst:.3g} over {STEPS} steps")
+    print(f"\n{label}: max |logit difference| / max |logit| = {worst:.3g} over "
+          f"{len(prompts)} prompts x {steps} steps (tolerance {tolerance:g})")
+    return worst
+
+
+def check_parity(folder, label):
+    engine = run_engine(folder)
+    model = reference_model(folder)
+    torch.set_num_threads(2)
+    compare_runs(engine, model, PROMPTS, STEPS, label)
     return engine
 
 

@@ -15,10 +15,8 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -26,6 +24,7 @@
 #include "engine/model/gguf_vocab.h"
 #include "engine/tokenizer/hf_tokenizer.h"
 #include "engine/tokenizer/text_stream.h"
+#include "tests/engine/tokenizer/llamacpp_vocab_cases.h"
 
 namespace coalesce::engine {
 namespace {
@@ -38,13 +37,6 @@ constexpr int32_t kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kBy
 ::testing::AssertionResult Contains(const std::string& text, const std::string& part) {
   if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "\"" << text << "\" does not contain \"" << part << "\"";
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 std::vector<int32_t> Ids(std::initializer_list<int32_t> ids) { return ids; }
@@ -568,29 +560,10 @@ TEST(GgufTokenizerTest, HostileVocabulariesDoNotCrash) {
 // llama.cpp's vocab files
 // ---------------------------------------------------------------------------
 
-struct VocabCase {
-  std::string text;
-  std::vector<int32_t> ids;
-};
+using llamacpp::VocabCase;
 
-// The .inp/.out pairs (see the folder's README.md).
 std::vector<VocabCase> LlamaCppCases(const std::string& name) {
-  const std::string base = kVocabDir + "/ggml-vocab-" + name + ".gguf";
-  const std::string inp = ReadFile(base + ".inp");
-  const std::string sep = "\n__ggml_vocab_test__\n";
-  std::vector<VocabCase> cases;
-  for (size_t at = 0, next; (next = inp.find(sep, at)) != std::string::npos;
-       at = next + sep.size()) {
-    cases.push_back({inp.substr(at, next - at), {}});
-  }
-  std::istringstream out(ReadFile(base + ".out"));
-  std::string line;
-  for (VocabCase& c : cases) {
-    std::getline(out, line);
-    std::istringstream ids(line);
-    for (int32_t id; ids >> id;) c.ids.push_back(id);
-  }
-  return cases;
+  return llamacpp::LlamaCppCases(kVocabDir, name);
 }
 
 std::unique_ptr<HfTokenizer> LoadVocab(const std::string& name) {

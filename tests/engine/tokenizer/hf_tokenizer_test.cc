@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine/tokenizer/text_stream.h"
+#include "tests/engine/tokenizer/llamacpp_vocab_cases.h"
 
 namespace coalesce::engine {
 namespace {
@@ -43,29 +44,10 @@ std::string DecodeIds(const Tokenizer& tok, const std::vector<int32_t>& ids) {
   return Decode(tok, ids);
 }
 
-// llama.cpp's .inp/.out pairs: texts separated by "\n__ggml_vocab_test__\n",
-// one line of space-separated ids per text.
-struct VocabCase {
-  std::string text;
-  std::vector<int32_t> ids;
-};
+using llamacpp::VocabCase;
+
 std::vector<VocabCase> LlamaCppCases(const std::string& name) {
-  const std::string dir = kModels + "/llamacpp-vocab-tests/ggml-vocab-" + name + ".gguf";
-  const std::string inp = ReadFile(dir + ".inp");
-  const std::string sep = "\n__ggml_vocab_test__\n";
-  std::vector<VocabCase> cases;
-  for (size_t at = 0, next; (next = inp.find(sep, at)) != std::string::npos;
-       at = next + sep.size()) {
-    cases.push_back({inp.substr(at, next - at), {}});
-  }
-  std::istringstream out(ReadFile(dir + ".out"));
-  std::string line;
-  for (VocabCase& c : cases) {
-    std::getline(out, line);
-    std::istringstream ids(line);
-    for (int32_t id; ids >> id;) c.ids.push_back(id);
-  }
-  return cases;
+  return llamacpp::LlamaCppCases(kModels + "/llamacpp-vocab-tests", name);
 }
 
 // ---------------------------------------------------------------------------
