@@ -64,23 +64,33 @@ absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
   }
   out.request_id = request.request_id();
   if (request.prompt_token_ids_size() == 0) {
+    // A conversation is rendered into text, which the template has given
+    // its special tokens (so none is added); a prompt gets the tokenizer's.
+    const bool chat = request.messages_size() > 0;
+    std::string rendered;
+    if (chat) {
+      absl::StatusOr<std::string> text = RenderChat(request.messages(), true);
+      if (!text.ok()) return text.status();  // rejection "invalid"
+      rendered = *std::move(text);
+    }
+    const std::string& prompt = chat ? rendered : request.prompt();
     // Tokenized only as far as the context can hold: a longer prompt is
     // refused without being tokenized in full.
     const int room = limits_.context_length - request.max_new_tokens();
     std::optional<std::vector<int32_t>> ids = tokenizer_->EncodeAtMost(
-        request.prompt(), /*add_special_tokens=*/true, static_cast<size_t>(std::max(room, 0)));
+        prompt, /*add_special_tokens=*/!chat, static_cast<size_t>(std::max(room, 0)));
     if (!ids.has_value()) {
       // A short prompt is counted exactly for the message; a long one only
       // as far as it had to be.
       constexpr size_t kCountUpTo = 64 << 10;  // bytes of text
       *rejection = "too_long";
-      if (request.prompt().size() > kCountUpTo) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("the prompt (", request.prompt().size(), " bytes: more than ", room,
-                         " tokens) plus max_new_tokens (", request.max_new_tokens(),
-                         ") exceeds the context length of ", limits_.context_length, " tokens"));
+      if (prompt.size() > kCountUpTo) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            chat ? "the rendered conversation (" : "the prompt (", prompt.size(),
+            " bytes: more than ", room, " tokens) plus max_new_tokens (", request.max_new_tokens(),
+            ") exceeds the context length of ", limits_.context_length, " tokens"));
       }
-      out.prompt = tokenizer_->Encode(request.prompt(), /*add_special_tokens=*/true);
+      out.prompt = tokenizer_->Encode(prompt, /*add_special_tokens=*/!chat);
     } else {
       out.prompt = *std::move(ids);
     }
@@ -109,6 +119,28 @@ absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
   out.stop.assign(request.stop().begin(), request.stop().end());
   out.priority = request.priority();
   return out;
+}
+
+absl::StatusOr<std::string> GeneratorService::RenderChat(
+    const google::protobuf::RepeatedPtrField<v1::ChatMessage>& messages,
+    bool add_generation_prompt) const {
+  if (absl::Status s = ValidateMessages(messages, limits_); !s.ok()) return s;
+  if (options_.chat_template == nullptr) {
+    return absl::FailedPreconditionError(options_.chat_unavailable);
+  }
+  std::vector<engine::ChatMessage> conversation;
+  conversation.reserve(static_cast<size_t>(messages.size()));
+  for (const v1::ChatMessage& m : messages) conversation.push_back({m.role(), m.content()});
+  engine::ChatRenderOptions render = options_.chat_options;
+  render.add_generation_prompt = add_generation_prompt;
+  absl::StatusOr<std::string> text = options_.chat_template->Render(conversation, render);
+  if (!text.ok() && text.status().code() == absl::StatusCode::kResourceExhausted) {
+    // The template ran into its bounds on this conversation: the request's
+    // doing, as far as the client can act on it.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the chat template could not render these messages: ", text.status().message()));
+  }
+  return text;
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* GeneratorService::Generate(
@@ -202,6 +234,7 @@ grpc::ServerUnaryReactor* GeneratorService::GetModelInfo(grpc::CallbackServerCon
   for (int32_t id : tokenizer_->eos_ids()) info.add_eos_token_ids(id);
   info.set_bos_token_id(tokenizer_->bos_id());
   info.set_max_batch_size(options_.max_batch_size);
+  info.set_has_chat_template(options_.chat_template != nullptr);
   *response = SerializeMessage(info);
   reactor->Finish(grpc::Status::OK);
   return reactor;
@@ -242,6 +275,31 @@ grpc::ServerUnaryReactor* GeneratorService::Detokenize(grpc::CallbackServerConte
         out.set_text(engine::Decode(*tokenizer_, span));
         *response = SerializeMessage(out);
       }
+    }
+    reactor->Finish(ToGrpcStatus(status));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GeneratorService::ApplyChatTemplate(grpc::CallbackServerContext* context,
+                                                              const grpc::ByteBuffer* request,
+                                                              grpc::ByteBuffer* response) {
+  auto* reactor = context->DefaultReactor();
+  PostUnary(reactor, context, *request, [this, reactor, request, response] {
+    v1::ApplyChatTemplateRequest parsed;
+    absl::Status status = ParseRequest(*request, &parsed);
+    if (status.ok()) {
+      absl::StatusOr<std::string> text =
+          RenderChat(parsed.messages(), parsed.add_generation_prompt());
+      if (text.ok()) {
+        v1::ApplyChatTemplateResponse out;
+        for (int32_t id : tokenizer_->Encode(*text, /*add_special_tokens=*/false)) {
+          out.add_token_ids(id);
+        }
+        out.set_text(*std::move(text));
+        *response = SerializeMessage(out);
+      }
+      status = text.status();
     }
     reactor->Finish(ToGrpcStatus(status));
   });

@@ -14,6 +14,7 @@
 #include "batcher/engine_loop.h"
 #include "coalesce/v1/generator.grpc.pb.h"
 #include "engine/backend.h"
+#include "engine/chat/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "metrics/server_metrics.h"
 #include "service/validation.h"
@@ -32,11 +33,19 @@ struct GeneratorServiceOptions {
   // A Generate stream whose client reads nothing for this long, while the
   // engine still generates for it, is ended (see GenerateReactor).
   absl::Duration stream_stall_timeout = absl::InfiniteDuration();
+  // The model's chat template, for Generate's `messages` and
+  // ApplyChatTemplate; null when it has none, and then `chat_unavailable`
+  // says why (FAILED_PRECONDITION's message). bos_token and eos_token of
+  // `chat_options` are the template's variables.
+  const engine::ChatTemplate* chat_template = nullptr;
+  std::string chat_unavailable;
+  engine::ChatRenderOptions chat_options;
 };
 
 using RawGeneratorService = v1::Generator::WithRawCallbackMethod_Generate<
     v1::Generator::WithRawCallbackMethod_GetModelInfo<v1::Generator::WithRawCallbackMethod_Tokenize<
-        v1::Generator::WithRawCallbackMethod_Detokenize<v1::Generator::Service>>>>;
+        v1::Generator::WithRawCallbackMethod_Detokenize<
+            v1::Generator::WithRawCallbackMethod_ApplyChatTemplate<v1::Generator::Service>>>>>;
 
 class GeneratorService final : public RawGeneratorService {
  public:
@@ -56,6 +65,9 @@ class GeneratorService final : public RawGeneratorService {
   grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* context,
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ApplyChatTemplate(grpc::CallbackServerContext* context,
+                                              const grpc::ByteBuffer* request,
+                                              grpc::ByteBuffer* response) override;
 
   // Waits until no Generate call is in progress, or until `deadline`;
   // returns whether none is.
@@ -72,6 +84,12 @@ class GeneratorService final : public RawGeneratorService {
                                                      const v1::GenerateRequest& request,
                                                      absl::Time arrival,
                                                      std::string_view* rejection) const;
+  // The conversation rendered with the chat template, or why it cannot be:
+  // FAILED_PRECONDITION without a template, INVALID_ARGUMENT for messages
+  // the limits or the template refuse (raise_exception's own message).
+  absl::StatusOr<std::string> RenderChat(
+      const google::protobuf::RepeatedPtrField<v1::ChatMessage>& messages,
+      bool add_generation_prompt) const;
   // Runs `job` on the work pool, or finishes the unary call with
   // RESOURCE_EXHAUSTED when the pool is full.
   void PostUnary(grpc::ServerUnaryReactor* reactor, grpc::CallbackServerContext* context,

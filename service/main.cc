@@ -42,6 +42,10 @@ ABSL_FLAG(std::string, tokenizer, Defaults().tokenizer,
           "The tokenizer, when not the default (the GGUF file's own, tokenizer.json in a "
           "Hugging Face folder, tokenizer.bin beside a llama2.c checkpoint): a "
           "tokenizer.json or a llama2.c tokenizer.bin.");
+ABSL_FLAG(std::string, chat_template, Defaults().chat_template,
+          "A file holding a chat template (Jinja, as transformers renders them) that "
+          "overrides the model's own (tokenizer_config.json's chat_template, a GGUF file's "
+          "tokenizer.chat_template). Generate's `messages` and ApplyChatTemplate use it.");
 ABSL_FLAG(absl::Duration, batch_window, Defaults().scheduler.batch_window,
           "Coalescing window: a request that could be admitted waits at most this "
           "long for companions, unless enough arrive to fill the free batch slots. "
@@ -134,6 +138,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.model = absl::GetFlag(FLAGS_model);
   o.tokenizer = absl::GetFlag(FLAGS_tokenizer);
+  o.chat_template = absl::GetFlag(FLAGS_chat_template);
   o.scheduler.batch_window = absl::GetFlag(FLAGS_batch_window);
   o.scheduler.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   const std::string batching = absl::GetFlag(FLAGS_batching);

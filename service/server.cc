@@ -59,7 +59,9 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
   // 1. The model.
   const absl::Time load_start = absl::Now();
   absl::StatusOr<engine::LoadedModel> loaded =
-      engine::LoadModel({.model = options.model, .tokenizer = options.tokenizer});
+      engine::LoadModel({.model = options.model,
+                         .tokenizer = options.tokenizer,
+                         .chat_template = options.chat_template});
   if (!loaded.ok()) {
     Log(LogLevel::kError, absl::StrCat("cannot load the model: ", loaded.status().message()));
     return nullptr;
@@ -76,6 +78,33 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
     Log(LogLevel::kWarning,
         "this is a SYNTHETIC model with random weights: its output is not language. "
         "Pass --model=FILE to serve a real model.");
+  }
+  // The chat template: one given with --chat_template must parse; the
+  // model's own one that does not is reported, and the model served without.
+  const std::string template_origin =
+      options.chat_template.empty() ? "the model's chat template" : options.chat_template;
+  if (s->model_.chat_template.empty()) {
+    s->chat_unavailable_ =
+        "this model has no chat template (none in its tokenizer_config.json or GGUF metadata): "
+        "send prompt text, or start the server with --chat_template=FILE";
+    Log(LogLevel::kInfo, "no chat template: Generate takes prompt text or token ids only");
+  } else if (absl::StatusOr<engine::ChatTemplate> parsed =
+                 engine::ChatTemplate::Parse(s->model_.chat_template);
+             parsed.ok()) {
+    s->chat_template_ = *std::move(parsed);
+    LogF(LogLevel::kInfo, "chat template: %s (%d bytes)", template_origin,
+         static_cast<int>(s->model_.chat_template.size()));
+  } else if (!options.chat_template.empty()) {
+    Log(LogLevel::kError, absl::StrCat("cannot use the chat template ", options.chat_template, ": ",
+                                       parsed.status().message()));
+    return nullptr;
+  } else {
+    s->chat_unavailable_ =
+        absl::StrCat("this model's chat template cannot be used (", parsed.status().message(),
+                     "): send prompt text, or start the server with --chat_template=FILE");
+    Log(LogLevel::kWarning,
+        absl::StrCat("the model's chat template cannot be used: ", parsed.status().message(),
+                     "; Generate takes prompt text or token ids only"));
   }
 
   // 2. The backend (--device, --dtype) and its KV cache.
@@ -152,6 +181,12 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
                                                    RealClock(), s->watcher_.get());
   s->loop_->Start();
   GeneratorServiceOptions service_options;
+  if (s->chat_template_.has_value()) {
+    service_options.chat_template = &*s->chat_template_;
+    service_options.chat_options.bos_token = s->model_.bos_token;
+    service_options.chat_options.eos_token = s->model_.eos_token;
+  }
+  service_options.chat_unavailable = s->chat_unavailable_;
   service_options.max_batch_size = options.scheduler.max_batch_size;
   service_options.work_threads = options.work_threads;
   service_options.max_pending_work = options.max_queue;

@@ -5,9 +5,11 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include "batcher/engine_loop.h"
 #include "engine/backend.h"
+#include "engine/chat/chat_template.h"
 #include "engine/model/load.h"
 #include "grpcpp/server.h"
 #include "metrics/server_metrics.h"
@@ -46,6 +48,10 @@ class Server {
   const ServerOptions options_;
   // In the order they are built; destroyed in reverse.
   engine::LoadedModel model_;
+  // The model's chat template, parsed; empty when it has none or it does not
+  // parse (chat_unavailable_ says which).
+  std::optional<engine::ChatTemplate> chat_template_;
+  std::string chat_unavailable_;
   std::unique_ptr<engine::Backend> backend_;
   std::unique_ptr<metrics::ServerMetrics> metrics_;
   std::unique_ptr<metrics::MetricsEndpoint> metrics_endpoint_;

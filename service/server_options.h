@@ -27,6 +27,7 @@ struct ServerOptions {
   int metrics_port = 9090;              // 0: pick a free port; -1: off
   std::string model = "synthetic:15m";  // preset name or llama2.c file
   std::string tokenizer;                // tokenizer.bin (llama2.c models)
+  std::string chat_template;            // a Jinja file overriding the model's template
   // The batcher's defaults, except that a request waits at most a minute.
   batcher::SchedulerConfig scheduler{.max_queue_wait = absl::Seconds(60)};
   int max_batch_tokens = batcher::EngineLoopOptions{}.max_batch_tokens;  // tokens per step

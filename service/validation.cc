@@ -23,10 +23,18 @@ absl::Status ValidateGenerateRequest(const v1::GenerateRequest& request,
   using absl::StrCat;
   const bool has_text = !request.prompt().empty();
   const bool has_ids = request.prompt_token_ids_size() > 0;
-  // Neither is an empty prompt: unconditional generation, from BOS alone
+  const bool has_messages = request.messages_size() > 0;
+  // None is an empty prompt: unconditional generation, from BOS alone
   // (Prepare refuses it when the tokenizer adds no BOS).
-  if (has_text && has_ids) {
-    return InvalidArgumentError("set exactly one of prompt and prompt_token_ids, not both");
+  if (has_text + has_ids + has_messages > 1) {
+    return InvalidArgumentError(
+        StrCat("set exactly one of prompt, prompt_token_ids and messages; this request sets ",
+               has_text ? (has_ids ? (has_messages ? "all three" : "prompt and prompt_token_ids")
+                                   : "prompt and messages")
+                        : "prompt_token_ids and messages"));
+  }
+  if (has_messages) {
+    if (absl::Status s = ValidateMessages(request.messages(), limits); !s.ok()) return s;
   }
   if (has_ids) {
     const auto& ids = request.prompt_token_ids();
@@ -71,6 +79,24 @@ absl::Status ValidateGenerateRequest(const v1::GenerateRequest& request,
   if (static_cast<int>(request.request_id().size()) > limits.max_request_id_bytes) {
     return InvalidArgumentError(StrCat("request_id must be at most ", limits.max_request_id_bytes,
                                        " bytes, got ", request.request_id().size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateMessages(const google::protobuf::RepeatedPtrField<v1::ChatMessage>& messages,
+                              const RequestLimits& limits) {
+  if (messages.empty()) return absl::InvalidArgumentError("messages is empty: give at least one");
+  if (messages.size() > limits.max_messages) {
+    return absl::InvalidArgumentError(absl::StrCat("at most ", limits.max_messages,
+                                                   " messages are allowed, got ", messages.size()));
+  }
+  for (int i = 0; i < messages.size(); ++i) {
+    const std::string& role = messages[i].role();
+    if (role.empty() || static_cast<int>(role.size()) > limits.max_role_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("messages[", i, "].role must be 1 to ",
+                                                     limits.max_role_bytes, " bytes, got ",
+                                                     role.size()));
+    }
   }
   return absl::OkStatus();
 }

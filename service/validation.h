@@ -17,11 +17,20 @@ struct RequestLimits {
   int max_stop_sequences = 16;
   int max_stop_bytes = 256;
   int max_request_id_bytes = 256;
+  int max_messages = 1024;  // messages of a conversation
+  int max_role_bytes = 64;  // each message's role
 };
 
 // Everything that can be checked before the prompt is tokenized.
 absl::Status ValidateGenerateRequest(const v1::GenerateRequest& request,
                                      const RequestLimits& limits);
+
+// A conversation (GenerateRequest.messages, ApplyChatTemplateRequest.messages):
+// at least one message, at most limits.max_messages, each role non-empty and
+// at most limits.max_role_bytes. The content's size is bounded by the
+// server's message size limit and, once rendered, by the context length.
+absl::Status ValidateMessages(const google::protobuf::RepeatedPtrField<v1::ChatMessage>& messages,
+                              const RequestLimits& limits);
 
 // Token ids must be in [0, vocab_size). `field` names them in the message.
 absl::Status ValidateTokenIds(std::span<const int32_t> ids, int vocab_size,

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <utility>
 #include <vector>
@@ -17,6 +19,7 @@
 #if COALESCE_HF_FORMATS
 #include "engine/model/gguf_vocab.h"
 #include "engine/model/hf_model.h"
+#include "engine/model/hf_tokenizer_config.h"
 #include "engine/tokenizer/hf_tokenizer.h"
 #endif
 
@@ -57,6 +60,10 @@ absl::StatusOr<LoadedModel> LoadHfFolder(const std::string& dir,
                                                    " tokens but the model's vocab_size is ",
                                                    model.config.vocab_size));
   }
+  ASSIGN_OR_RETURN(HfChatTemplate chat, ReadHfChatTemplate(dir));
+  out.chat_template = std::move(chat.text);
+  out.bos_token = std::move(chat.bos_token);
+  out.eos_token = std::move(chat.eos_token);
   out.model = std::make_shared<const Model>(std::move(model));
   return out;
 }
@@ -96,7 +103,14 @@ absl::StatusOr<LoadedModel> LoadGguf(const std::string& path, const std::string&
   } else {
 #if COALESCE_HF_FORMATS
     if (tokenizer_path.empty()) {
-      ASSIGN_OR_RETURN(out.tokenizer, LoadGgufTokenizer(path));
+      ASSIGN_OR_RETURN(std::unique_ptr<HfTokenizer> tokenizer, LoadGgufTokenizer(path));
+      if (model.config.bos_token_id >= 0) {
+        out.bos_token = std::string(tokenizer->token_text(model.config.bos_token_id));
+      }
+      if (!model.config.eos_token_ids.empty()) {
+        out.eos_token = std::string(tokenizer->token_text(model.config.eos_token_ids[0]));
+      }
+      out.tokenizer = std::move(tokenizer);
     } else {
       HfTokenizerOptions options;
       if (!model.config.eos_token_ids.empty()) options.eos_ids = model.config.eos_token_ids;
@@ -132,13 +146,43 @@ absl::StatusOr<LoadedModel> LoadLlama2c(const std::string& checkpoint,
   return out;
 }
 
-}  // namespace
-
-absl::StatusOr<LoadedModel> LoadModel(const ModelSpec& spec) {
+absl::StatusOr<LoadedModel> LoadFormat(const ModelSpec& spec) {
   if (absl::StartsWith(spec.model, "synthetic:")) return LoadSynthetic(spec.model);
   if (std::filesystem::is_directory(spec.model)) return LoadHfFolder(spec.model, spec.tokenizer);
   if (IsGgufFile(spec.model)) return LoadGguf(spec.model, spec.tokenizer);
   return LoadLlama2c(spec.model, spec.tokenizer);
+}
+
+// Chat templates are a few kilobytes; this bounds what a wrong path reads.
+constexpr int64_t kMaxChatTemplateBytes = 1 << 20;
+
+absl::StatusOr<std::string> ReadChatTemplateFile(const std::string& path) {
+  std::error_code error;
+  const auto size = std::filesystem::file_size(path, error);
+  if (error) {
+    return absl::NotFoundError(
+        absl::StrCat(path, ": cannot read the chat template: ", error.message()));
+  }
+  if (size > static_cast<uintmax_t>(kMaxChatTemplateBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": a chat template of ", size,
+                                                   " bytes; at most ", kMaxChatTemplateBytes));
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof()) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot read the chat template"));
+  }
+  return text;
+}
+
+}  // namespace
+
+absl::StatusOr<LoadedModel> LoadModel(const ModelSpec& spec) {
+  ASSIGN_OR_RETURN(LoadedModel out, LoadFormat(spec));
+  if (!spec.chat_template.empty()) {
+    ASSIGN_OR_RETURN(out.chat_template, ReadChatTemplateFile(spec.chat_template));
+  }
+  return out;
 }
 
 }  // namespace coalesce::engine

@@ -20,14 +20,22 @@ struct ModelSpec {
   // Overrides the format's tokenizer file (a tokenizer.json, or a llama2.c
   // tokenizer.bin); empty for the default.
   std::string tokenizer = {};
+  // A file holding a chat template (Jinja) that overrides the model's own;
+  // empty for the model's.
+  std::string chat_template = {};
 };
 
 struct LoadedModel {
   std::shared_ptr<const Model> model;
   std::unique_ptr<Tokenizer> tokenizer;
-  // The model's chat template (Jinja), when its files carry one (GGUF's
-  // tokenizer.chat_template); "" otherwise.
+  // The model's chat template (Jinja): ModelSpec::chat_template's file, else
+  // the one its files carry (a GGUF file's tokenizer.chat_template, a
+  // folder's tokenizer_config.json chat_template); "" when there is none.
   std::string chat_template;
+  // What the template knows as bos_token and eos_token: the tokenizer's
+  // strings (tokenizer_config.json's, or the GGUF vocabulary's tokens at
+  // tokenizer.ggml.bos_token_id and eos_token_id); "" when it has none.
+  std::string bos_token, eos_token;
 };
 
 // Picks the format from `spec.model`. Errors name the file and the problem; a

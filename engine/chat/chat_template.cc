@@ -1,0 +1,43 @@
+#include "engine/chat/chat_template.h"
+
+#include <utility>
+#include <vector>
+
+#include "engine/chat/jinja.h"
+
+namespace coalesce::engine {
+
+absl::StatusOr<ChatTemplate> ChatTemplate::Parse(std::string_view source) {
+  auto tmpl = jinja::ParseTemplate(source);
+  if (!tmpl.ok()) return tmpl.status();
+  return ChatTemplate(*std::move(tmpl));
+}
+
+absl::StatusOr<std::string> ChatTemplate::Render(std::span<const ChatMessage> messages,
+                                                 const ChatRenderOptions& options) const {
+  using jinja::Value;
+  std::vector<Value> list;
+  list.reserve(messages.size());
+  for (const ChatMessage& m : messages) {
+    auto dict = std::make_shared<jinja::DictObj>();
+    dict->Set(Value::Str("role"), Value::Str(m.role));
+    dict->Set(Value::Str("content"), Value::Str(m.content));
+    list.push_back(Value::Dict(std::move(dict)));
+  }
+  jinja::RenderEnv env;
+  env.variables = {
+      {"messages", Value::List(std::move(list))},
+      {"tools", Value::None()},
+      {"documents", Value::None()},
+      {"add_generation_prompt", Value::Bool(options.add_generation_prompt)},
+      {"bos_token", Value::Str(options.bos_token)},
+      {"eos_token", Value::Str(options.eos_token)},
+  };
+  env.now_unix_seconds = options.now_unix_seconds;
+  env.limits.max_depth = options.limits.max_depth;
+  env.limits.max_steps = options.limits.max_steps;
+  env.limits.max_output_bytes = options.limits.max_output_bytes;
+  return jinja::RenderTemplate(*tmpl_, env);
+}
+
+}  // namespace coalesce::engine
