@@ -628,8 +628,8 @@ std::string PercentFormat(Interp* in, std::string_view format, const Value& args
     items.push_back(args);
     if (args.is_dict()) mapping = &args;
     subscriptable = args.is_dict() || args.is_undefined() ||
-                    (args.is_seq() && (args.seq_kind() == SeqKind::kList ||
-                                       args.seq_kind() == SeqKind::kRange));
+                    (args.is_seq() &&
+                     (args.seq_kind() == SeqKind::kList || args.seq_kind() == SeqKind::kRange));
   }
   size_t next = 0;
   bool used_mapping = false;
@@ -989,15 +989,15 @@ std::optional<Value> Interp::PyAttr(const Value& obj, std::string_view name) {
       if (const Value* v = obj.ns().Find(name)) return *v;
       break;
     case Type::kLoop: {
-      const auto& loop = obj.object<LoopObj>();
-      const int64_t i = loop.index0, n = loop.length();
+      auto& loop = obj.object<LoopObj>();
+      const int64_t i = loop.index0;
       if (name == "index0") return Value::Int(i);
       if (name == "index") return Value::Int(i + 1);
-      if (name == "revindex") return Value::Int(n - i);
-      if (name == "revindex0") return Value::Int(n - i - 1);
+      if (name == "revindex") return Value::Int(loop.length() - i);
+      if (name == "revindex0") return Value::Int(loop.length() - i - 1);
       if (name == "first") return Value::Bool(i == 0);
-      if (name == "last") return Value::Bool(i == n - 1);
-      if (name == "length") return Value::Int(n);
+      if (name == "last") return Value::Bool(!loop.Fill(static_cast<size_t>(i + 1)));
+      if (name == "length") return Value::Int(loop.length());
       if (name == "depth") return Value::Int(1);
       if (name == "depth0") return Value::Int(0);
       if (name == "previtem") {
@@ -1005,7 +1005,8 @@ std::optional<Value> Interp::PyAttr(const Value& obj, std::string_view name) {
         return loop.items[static_cast<size_t>(i - 1)];
       }
       if (name == "nextitem") {
-        if (i + 1 >= n) return Value::Undefined("there is no next item");
+        if (!loop.Fill(static_cast<size_t>(i + 1)))
+          return Value::Undefined("there is no next item");
         return loop.items[static_cast<size_t>(i + 1)];
       }
       if (name == "cycle" || name == "changed") return MethodValue(obj, name);
@@ -1470,9 +1471,7 @@ Value Interp::CallGlobal(const std::string& name, const Args& args) {
     for (__int128 i = 0; i < len; ++i)
       items.push_back(Value::Int(static_cast<int64_t>(start + i * step)));
     Charge(static_cast<int64_t>(len));
-    std::string repr = step == 1 ? Cat("range(", start, ", ", stop, ")")
-                                 : Cat("range(", start, ", ", stop, ", ", step, ")");
-    return Value::Seq(SeqKind::kRange, std::move(items), std::move(repr));
+    return Value::Range(start, stop, step, std::move(items));
   }
   if (name == "dict" || name == "namespace") {
     if (args.pos.size() > 1) {
@@ -1749,6 +1748,10 @@ std::string JinjaTitle(std::string_view s) {
 }  // namespace
 
 Value Interp::ApplyFilter(std::string_view name, const Value& value, const Args& args) {
+  if (const_mode_ &&
+      OneOf({"map", "select", "reject", "selectattr", "rejectattr", "random"}, name)) {
+    NotConstant();  // jinja2 does not fold filters that take the context
+  }
   // jinja2's generator filters run only when their result is iterated: a
   // failure becomes the generator's deferred error (a template that only
   // tests the generator's truth, always true, never sees it).

@@ -136,6 +136,8 @@ void Interp::ThrowUndefined(const Value& undefined) {
   ThrowRuntime(undefined.undefined_unsafe() ? "SecurityError" : "UndefinedError", hint);
 }
 
+void Interp::NotConstant() { throw Error{Error::Kind::kRuntime, "not a constant expression"}; }
+
 void Interp::StringLimit() {
   ThrowLimit(Cat("max_output_bytes exceeded: the template built a string of more than ",
                  limits_.max_output_bytes, " bytes"));
@@ -308,18 +310,6 @@ Interp::Flow Interp::ExecFor(const Stmt& s, Scope* scope) {
   } else {
     items = Iterate(iterable);
   }
-  if (s.cond != nullptr) {
-    std::vector<Value> kept;
-    for (Value& item : items) {
-      Step();
-      auto tmp = NewScope(scope);
-      Assign(s.target, item, tmp.get());
-      const bool keep = Truthy(Eval(*s.cond, tmp.get()));
-      ReleaseScope(std::move(tmp));
-      if (keep) kept.push_back(std::move(item));
-    }
-    items = std::move(kept);
-  }
   // jinja2 runs the else block unless an iteration reached the end of the
   // body (so also after a break, or when every iteration ended in continue).
   auto run_else = [&]() {
@@ -328,18 +318,35 @@ Interp::Flow Interp::ExecFor(const Stmt& s, Scope* scope) {
     ExecBody(s.else_body, inner.get());
     ReleaseScope(std::move(inner));
   };
-  if (items.empty()) {
-    if (deferred != nullptr) throw *deferred;
-    run_else();
-    return Flow::kNormal;
-  }
   auto loop = std::make_shared<LoopObj>();
-  loop->items = std::move(items);
+  loop->pending = std::move(items);
+  loop->deferred = std::move(deferred);
+  if (s.cond != nullptr) {
+    loop->accept = [this, &s, scope](const Value& item) {
+      Step();
+      auto tmp = NewScope(scope);
+      Assign(s.target, item, tmp.get());
+      const bool keep = Truthy(Eval(*s.cond, tmp.get()));
+      ReleaseScope(std::move(tmp));
+      return keep;
+    };
+  }
   mutables_.push_back(loop);
+  // Once the loop is over its condition cannot run (its scope is gone):
+  // what was not examined is dropped.
+  struct Finish {
+    ~Finish() {
+      loop->accept = nullptr;
+      loop->deferred = nullptr;
+      loop->pending.clear();
+      loop->has_changed = false;
+      loop->last_changed = Value();
+    }
+    LoopObj* loop;
+  } finish{loop.get()};
   const Value loop_value = Value::Object(Type::kLoop, loop);
-  const size_t n = loop->items.size();
-  bool completed = false, broke = false;
-  for (size_t i = 0; i < n; ++i) {
+  bool completed = false;
+  for (size_t i = 0; loop->Fill(i); ++i) {
     Step();
     loop->index0 = static_cast<int64_t>(i);
     auto iter = NewScope(scope);
@@ -349,14 +356,8 @@ Interp::Flow Interp::ExecFor(const Stmt& s, Scope* scope) {
     const Flow flow = ExecBody(s.body, iter.get());
     ReleaseScope(std::move(iter));
     if (flow == Flow::kNormal) completed = true;
-    if (flow == Flow::kBreak) {
-      broke = true;
-      break;
-    }
+    if (flow == Flow::kBreak) break;
   }
-  loop->has_changed = false;
-  loop->last_changed = Value();
-  if (deferred != nullptr && !broke) throw *deferred;
   if (!completed) run_else();
   return Flow::kNormal;
 }
@@ -433,6 +434,7 @@ Value Interp::Eval(const Expr& e, Scope* scope) {
     case ExprKind::kConst:
       return e.value;
     case ExprKind::kName: {
+      if (const_mode_) NotConstant();
       const Value* v = scope->Find(e.name);
       if (v != nullptr) return *v;
       return Value::Undefined(Cat(ReprString(e.name), " is undefined"));
@@ -525,6 +527,7 @@ Value Interp::Eval(const Expr& e, Scope* scope) {
                                   " evaluated to false and no else section was defined."));
     }
     case ExprKind::kCall: {
+      if (const_mode_) NotConstant();
       const Value callee = Eval(*e.operands[0], scope);
       const Args args = EvalArgs(e.call, scope);
       line_ = e.line;
@@ -544,14 +547,13 @@ Value Interp::Eval(const Expr& e, Scope* scope) {
 
 namespace {
 
-// Python's slice.indices(): the positions a slice selects.
-std::vector<int64_t> SliceIndices(int64_t len, const Value& start_v, const Value& stop_v,
-                                  const Value& step_v) {
-  int64_t step = 1;
-  if (!step_v.is_none()) step = step_v.int_value();
-  if (step == 0) ThrowRuntime("ValueError", "slice step cannot be zero");
-  const int64_t lower = step < 0 ? -1 : 0;
-  const int64_t upper = step < 0 ? len - 1 : len;
+// Python's slice.indices(len): the normalized start, stop and step.
+void SliceBounds(int64_t len, const Value& start_v, const Value& stop_v, const Value& step_v,
+                 int64_t* start, int64_t* stop, int64_t* step) {
+  *step = step_v.is_none() ? 1 : step_v.int_value();
+  if (*step == 0) ThrowRuntime("ValueError", "slice step cannot be zero");
+  const int64_t lower = *step < 0 ? -1 : 0;
+  const int64_t upper = *step < 0 ? len - 1 : len;
   auto adjust = [&](const Value& v, int64_t dflt) {
     if (v.is_none()) return dflt;
     int64_t x = v.int_value();
@@ -563,8 +565,15 @@ std::vector<int64_t> SliceIndices(int64_t len, const Value& start_v, const Value
     }
     return x;
   };
-  const int64_t start = adjust(start_v, step < 0 ? upper : lower);
-  const int64_t stop = adjust(stop_v, step < 0 ? lower : upper);
+  *start = adjust(start_v, *step < 0 ? upper : lower);
+  *stop = adjust(stop_v, *step < 0 ? lower : upper);
+}
+
+// The positions a slice selects.
+std::vector<int64_t> SliceIndices(int64_t len, const Value& start_v, const Value& stop_v,
+                                  const Value& step_v) {
+  int64_t start, stop, step;
+  SliceBounds(len, start_v, stop_v, step_v, &start, &stop, &step);
   std::vector<int64_t> out;
   if (step > 0) {
     for (int64_t i = start; i < stop; i += step) out.push_back(i);
@@ -585,10 +594,9 @@ Value Interp::EvalSlice(const Value& obj, const Expr& slice, Scope* scope) {
   }
   line_ = slice.line;
   if (obj.is_undefined()) ThrowUndefined(obj);
-  const bool sliceable =
-      obj.is_string() ||
-      (obj.is_seq() && (obj.seq_kind() == SeqKind::kList || obj.seq_kind() == SeqKind::kTuple ||
-                        obj.seq_kind() == SeqKind::kRange));
+  const bool sliceable = obj.is_string() || (obj.is_seq() && (obj.seq_kind() == SeqKind::kList ||
+                                                              obj.seq_kind() == SeqKind::kTuple ||
+                                                              obj.seq_kind() == SeqKind::kRange));
   if (const_mode_) {
     // The sandbox's getitem: a failed subscript is an undefined value.
     const bool bounds_ok = std::all_of(std::begin(bounds), std::end(bounds), [](const Value& b) {
@@ -608,7 +616,8 @@ Value Interp::EvalSlice(const Value& obj, const Expr& slice, Scope* scope) {
   }
   if (obj.is_string()) {
     const std::u32string cps = DecodeUtf8(obj.str());
-    const auto idx = SliceIndices(static_cast<int64_t>(cps.size()), bounds[0], bounds[1], bounds[2]);
+    const auto idx =
+        SliceIndices(static_cast<int64_t>(cps.size()), bounds[0], bounds[1], bounds[2]);
     std::u32string out;
     out.reserve(idx.size());
     for (int64_t i : idx) out.push_back(cps[static_cast<size_t>(i)]);
@@ -616,10 +625,21 @@ Value Interp::EvalSlice(const Value& obj, const Expr& slice, Scope* scope) {
     return MakeStr(EncodeUtf8(out), obj.safe());
   }
   const auto& items = obj.seq().items;
-  const auto idx = SliceIndices(static_cast<int64_t>(items.size()), bounds[0], bounds[1], bounds[2]);
+  const auto idx =
+      SliceIndices(static_cast<int64_t>(items.size()), bounds[0], bounds[1], bounds[2]);
   std::vector<Value> out;
   out.reserve(idx.size());
   for (int64_t i : idx) out.push_back(items[static_cast<size_t>(i)]);
+  if (obj.seq_kind() == SeqKind::kRange) {
+    // A slice of a range is a range.
+    const SeqObj& r = obj.seq();
+    int64_t start, stop, step;
+    SliceBounds(static_cast<int64_t>(items.size()), bounds[0], bounds[1], bounds[2], &start, &stop,
+                &step);
+    Charge(static_cast<int64_t>(out.size()));
+    return Value::Range(r.start + start * r.step, r.start + stop * r.step, r.step * step,
+                        std::move(out));
+  }
   return MakeSeq(obj.seq_kind() == SeqKind::kTuple ? SeqKind::kTuple : SeqKind::kList,
                  std::move(out));
 }
@@ -1109,20 +1129,21 @@ class Folder {
     for (auto& [k, c] : e->call.kwargs) FoldExpr(c);
     FoldExpr(e->call.dyn_args);
     FoldExpr(e->call.dyn_kwargs);
+    if (e->kind == ExprKind::kConst || e->kind == ExprKind::kSlice) return;
     e->is_const = ComputeIsConst(*e);
-    if (e->kind == ExprKind::kCondExpr && !e->is_const && e->operands[1]->is_const) {
-      // jinja2 folds an inline if when its test and the branch it takes are
-      // constant, whatever the other branch is.
-      std::optional<Value> test = Evaluate(*e->operands[1]);
-      if (!test.has_value()) return;
-      const ExprPtr& taken = Truthy(*test) ? e->operands[0] : e->operands[2];
-      if (taken == nullptr || !taken->is_const) return;
-      e->is_const = true;
-    }
-    if (!e->is_const || e->kind == ExprKind::kConst || e->kind == ExprKind::kSlice) return;
+    // and, or, inline if and comparisons short-circuit: jinja2 folds them
+    // when the operands they evaluate are constant, whatever the others are
+    // (evaluating a name in const mode fails the attempt).
+    const bool short_circuit =
+        ((e->kind == ExprKind::kAnd || e->kind == ExprKind::kOr || e->kind == ExprKind::kCompare) &&
+         e->operands[0]->is_const) ||
+        (e->kind == ExprKind::kCondExpr && e->operands[1]->is_const);
+    if (!e->is_const && !short_circuit) return;
     std::optional<Value> v = Evaluate(*e);
+    if (!v.has_value()) return;
+    e->is_const = true;
     int64_t budget = kFoldValueBudget;
-    if (v.has_value() && SafeRepr(*v, &budget)) Replace(e, *std::move(v));
+    if (SafeRepr(*v, &budget)) Replace(e, *std::move(v));
   }
 
   RenderEnv env_;

@@ -94,6 +94,8 @@ class Interp {
   Value MakeStr(std::string s, bool safe = false);
   Value MakeSeq(SeqKind kind, std::vector<Value> items);
   [[noreturn]] void StringLimit();
+  // Folding met a name, a call or a filter that needs the context.
+  [[noreturn]] static void NotConstant();
 
   Value GetAttr(const Value& obj, std::string_view name);
   Value GetItem(const Value& obj, const Value& key);
@@ -157,7 +159,7 @@ class Interp {
   int eval_depth_ = 0;
   int max_eval_depth_;
   int call_depth_ = 0;
-  int line_ = 0;  // of the node being evaluated
+  int line_ = 0;             // of the node being evaluated
   bool const_mode_ = false;  // evaluating a constant expression as jinja2 folds it
   std::string* out_ = nullptr;
   // Scopes macros close over, kept to the end of the render.

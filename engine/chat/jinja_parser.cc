@@ -1613,7 +1613,9 @@ void CheckBody(const Body& body, bool soft) {
 bool ComputeIsConst(const Expr& e) {
   if (e.kind == ExprKind::kConst) return true;
   bool is_const = e.kind != ExprKind::kName && e.kind != ExprKind::kCall;
-  auto child_const = [&](const ExprPtr& c) { is_const = is_const && (c == nullptr || c->is_const); };
+  auto child_const = [&](const ExprPtr& c) {
+    is_const = is_const && (c == nullptr || c->is_const);
+  };
   for (const auto& c : e.operands) child_const(c);
   for (const auto& c : e.call.args) child_const(c);
   for (const auto& [k, c] : e.call.kwargs) child_const(c);

@@ -57,7 +57,16 @@ Value Value::Str(std::string s, bool safe) {
   return v;
 }
 
-Value Value::Seq(SeqKind kind, std::vector<Value> items, std::string repr) {
+Value Value::Range(int64_t start, int64_t stop, int64_t step, std::vector<Value> items) {
+  Value v = Seq(SeqKind::kRange, std::move(items));
+  SeqObj& seq = v.seq_mutable();
+  seq.start = start;
+  seq.stop = stop;
+  seq.step = step;
+  return v;
+}
+
+Value Value::Seq(SeqKind kind, std::vector<Value> items) {
   auto obj = std::make_shared<SeqObj>();
   obj->kind = kind;
   int depth = 0;
@@ -65,7 +74,6 @@ Value Value::Seq(SeqKind kind, std::vector<Value> items, std::string repr) {
   obj->depth = depth + 1;
   CheckDepth(obj->depth);
   obj->items = std::move(items);
-  obj->repr = std::move(repr);
   Value v(Type::kSeq);
   v.obj_ = std::move(obj);
   return v;
@@ -416,7 +424,11 @@ void AppendRepr(std::string* out, const Value& v, int depth) {
           out->append("<list_reverseiterator object>");
           return;
         case SeqKind::kRange:
-          out->append(seq.repr);
+          if (seq.step == 1) {
+            CatAppend(out, "range(", seq.start, ", ", seq.stop, ")");
+          } else {
+            CatAppend(out, "range(", seq.start, ", ", seq.stop, ", ", seq.step, ")");
+          }
           return;
         case SeqKind::kKeys:
         case SeqKind::kValues:
@@ -461,7 +473,7 @@ void AppendRepr(std::string* out, const Value& v, int depth) {
       return;
     }
     case Type::kLoop: {
-      const auto& loop = v.object<LoopObj>();
+      auto& loop = v.object<LoopObj>();
       CatAppend(out, "<LoopContext ", loop.index0 + 1, "/", loop.length(), ">");
       return;
     }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -138,7 +139,9 @@ class Value {
   }
   // A str; `safe` marks markupsafe's Markup (the `safe` and `escape` filters).
   static Value Str(std::string s, bool safe = false);
-  static Value Seq(SeqKind kind, std::vector<Value> items, std::string repr = {});
+  static Value Seq(SeqKind kind, std::vector<Value> items);
+  // range(start, stop, step) and its items.
+  static Value Range(int64_t start, int64_t stop, int64_t step, std::vector<Value> items);
   static Value List(std::vector<Value> items) { return Seq(SeqKind::kList, std::move(items)); }
   static Value Tuple(std::vector<Value> items) { return Seq(SeqKind::kTuple, std::move(items)); }
   static Value Dict(std::shared_ptr<DictObj> dict);
@@ -204,7 +207,7 @@ class SeqObj final : public Object {
  public:
   SeqKind kind = SeqKind::kList;
   std::vector<Value> items;
-  std::string repr;  // kRange: how it prints
+  int64_t start = 0, stop = 0, step = 1;  // kRange
   int depth = 1;
   // A kGenerator whose producer failed after `items`: jinja2's generator
   // filters (map, select, items, ...) fail only when iterated that far.
@@ -251,13 +254,36 @@ class CallableObj final : public Object {
 };
 
 // A for loop's `loop`.
+// A for loop's `loop`. As jinja2's LoopContext over a filtered loop (for x
+// in xs if cond), the condition runs item by item as the loop advances (the
+// body may change what it reads), and ahead of it only for what asks to look
+// ahead: loop.last and loop.nextitem one item, loop.length (revindex,
+// printing the loop) all of them.
 class LoopObj final : public Object {
  public:
-  std::vector<Value> items;  // what the loop iterates
+  std::vector<Value> items;    // accepted so far
+  std::vector<Value> pending;  // what the loop iterates, not yet examined
+  size_t pending_pos = 0;
+  std::function<bool(const Value&)> accept;  // the `if`, while the loop runs
+  std::shared_ptr<const Error> deferred;     // raised when `pending` runs out
   int64_t index0 = 0;
   bool has_changed = false;  // loop.changed() was called
   Value last_changed;
-  int64_t length() const { return static_cast<int64_t>(items.size()); }
+
+  // Examines items until items.size() > n or none are left; whether there
+  // is an item n.
+  bool Fill(size_t n) {
+    while (items.size() <= n && pending_pos < pending.size()) {
+      const Value& v = pending[pending_pos++];
+      if (!accept || accept(v)) items.push_back(v);
+    }
+    if (items.size() <= n && deferred != nullptr) throw *deferred;
+    return items.size() > n;
+  }
+  int64_t length() {
+    Fill(static_cast<size_t>(-2));
+    return static_cast<int64_t>(items.size());
+  }
 };
 
 class CyclerObj final : public Object {
