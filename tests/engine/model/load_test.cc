@@ -3,8 +3,10 @@
 #include "engine/model/load.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 namespace coalesce::engine {
@@ -66,6 +68,68 @@ TEST(LoadModelTest, HuggingFaceFolder) {
   EXPECT_NE(loaded.status().message().find("COALESCE_HF_FORMATS"), std::string::npos);
 #endif
 }
+
+#if COALESCE_HF_FORMATS
+// A copy of stories260K-hf whose tokenizer_config.json is `config`.
+std::string FolderWithTokenizerConfig(const std::string& name, const std::string& config) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("coalesce-load-test-" + std::to_string(getpid()) + "-" + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(kModels + "/stories260K-hf", dir);
+  std::ofstream(dir / "tokenizer_config.json", std::ios::trunc) << config;
+  return dir.string();
+}
+
+// The chat template and its bos_token/eos_token come from tokenizer_config.json
+// (a string, or the list entry named "default"; tokens as strings or as added
+// token objects), and --chat_template's file overrides it.
+TEST(LoadModelTest, ChatTemplateSources) {
+  if (!std::filesystem::exists(kModels + "/stories260K-hf")) GTEST_SKIP() << "no stories260K-hf";
+  std::string dir = FolderWithTokenizerConfig(
+      "string",
+      R"({"chat_template": "A{{ bos_token }}", "bos_token": "<s>", "eos_token": "</s>"})");
+  absl::StatusOr<LoadedModel> loaded = LoadModel({.model = dir});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->chat_template, "A{{ bos_token }}");
+  EXPECT_EQ(loaded->bos_token, "<s>");
+  EXPECT_EQ(loaded->eos_token, "</s>");
+
+  const std::string override_path = dir + "/override.jinja";
+  std::ofstream(override_path) << "B";
+  loaded = LoadModel({.model = dir, .chat_template = override_path});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->chat_template, "B");
+  loaded = LoadModel({.model = dir, .chat_template = dir + "/missing.jinja"});
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.status().message().find("missing.jinja"), std::string::npos);
+  std::filesystem::remove_all(dir);
+
+  dir =
+      FolderWithTokenizerConfig("list", R"({"chat_template": [{"name": "tool_use", "template": "T"},
+                                    {"name": "default", "template": "D"}],
+                  "eos_token": {"content": "</s>", "special": true}})");
+  loaded = LoadModel({.model = dir});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->chat_template, "D");
+  EXPECT_EQ(loaded->eos_token, "</s>");
+  EXPECT_EQ(loaded->bos_token, "");
+  std::filesystem::remove_all(dir);
+
+  dir = FolderWithTokenizerConfig("nodefault",
+                                  R"({"chat_template": [{"name": "tool_use", "template": "T"}]})");
+  loaded = LoadModel({.model = dir});
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.status().message().find("none named \"default\""), std::string::npos)
+      << loaded.status();
+  std::filesystem::remove_all(dir);
+
+  // Without tokenizer_config.json's chat_template: none.
+  loaded = LoadModel({.model = kModels + "/stories260K-hf"});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->chat_template, "");
+  EXPECT_EQ(loaded->bos_token, "<s>");
+}
+#endif
 
 }  // namespace
 }  // namespace coalesce::engine
