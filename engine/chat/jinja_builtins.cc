@@ -1486,7 +1486,7 @@ Value Interp::CallGlobal(const std::string& name, const Args& args) {
     for (auto& [k, v] : d->entries) {
       if (k.is_string()) ns->Set(k.str(), v);
     }
-    TrackNamespace(ns);
+    TrackMutable(ns);
     return Value::Object(Type::kNamespace, std::move(ns));
   }
   if (name == "raise_exception") {
@@ -1519,7 +1519,7 @@ Value Interp::CallGlobal(const std::string& name, const Args& args) {
     if (args.pos.empty()) ThrowRuntime("RuntimeError", "at least one item has to be provided");
     auto c = std::make_shared<CyclerObj>();
     c->items = args.pos;
-    TrackNamespace(c);
+    TrackMutable(c);
     return Value::Object(Type::kCycler, std::move(c));
   }
   if (name == "joiner") {
@@ -2072,7 +2072,16 @@ Value Interp::ApplyFilterNow(std::string_view name, const Value& value, const Ar
       std::reverse(cps.begin(), cps.end());
       return MakeStr(EncodeUtf8(cps), value.safe());
     }
-    std::vector<Value> items = Iterate(value);
+    std::vector<Value> items;
+    try {
+      items = Iterate(value);
+    } catch (const Error& e) {
+      // A generator that fails as list() reads it: do_reverse's TypeError.
+      if (e.kind == Error::Kind::kRuntime && e.message.rfind("TypeError", 0) == 0) {
+        FilterArgumentError("argument must be iterable");
+      }
+      throw;
+    }
     std::reverse(items.begin(), items.end());
     const bool iterator = value.is_undefined() || value.is_dict() ||
                           (value.is_seq() && value.seq_kind() != SeqKind::kGenerator &&

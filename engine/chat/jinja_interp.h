@@ -56,8 +56,9 @@ struct Args {
   }
 };
 
-// Binds call arguments to a Python signature: Get(i, "name") is the i-th
-// positional argument or the keyword `name`; Done() rejects extra ones.
+// Binds call arguments to a Python signature (parameter names in order):
+// Get(i) is the i-th parameter, given by position or keyword; too many
+// arguments or an unknown keyword is a TypeError.
 class Bound {
  public:
   Bound(std::string_view func, const Args& args, std::vector<std::string_view> names);
@@ -106,7 +107,7 @@ class Interp {
   bool Contains(const Value& container, const Value& item);
   // jinja2's make_attrgetter: "a.b.0" looked up with getitem.
   Value AttrPath(const Value& item, const Value& attribute);
-  void TrackNamespace(const std::shared_ptr<Object>& obj) { mutables_.push_back(obj); }
+  void TrackMutable(const std::shared_ptr<Object>& obj) { mutables_.push_back(obj); }
   std::optional<int64_t> now_unix_seconds() const { return now_; }
   const RenderLimits& limits() const { return limits_; }
   int line() const { return line_; }

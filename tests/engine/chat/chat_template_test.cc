@@ -290,6 +290,36 @@ TEST(ChatTemplateTest, Filters) {
   });
 }
 
+// Where jinja2's own machinery shows through, as it does in transformers.
+TEST(ChatTemplateTest, Jinja2Quirks) {
+  ExpectAll({
+      // A for's else runs unless an iteration reached the end of the body.
+      {"{% for x in [1, 2] %}a{% break %}{% else %}E{% endfor %}|{% for x in [1, 2] %}{% if x == 1 "
+       "%}"
+       "{% continue %}{% endif %}b{% else %}E{% endfor %}|{% for x in [1, 2] %}{% continue %}{% "
+       "else %}"
+       "E{% endfor %}",
+       "aE|b|E"},
+      // Generator filters fail only when iterated; a generator is always true.
+      {"{% if none|items %}lazy{% endif %}|{{ 5|batch(2) is iterable }}", "lazy|True"},
+      // A loop's `if` runs as the loop advances (and ahead of it for loop.last).
+      {"{% set ns = namespace(stop=false) %}{% for x in [1, 2, 3] if not ns.stop %}{{ x }}"
+       "{% set ns.stop = true %}{% endfor %}",
+       "1"},
+      {"{% set ns = namespace(n=0) %}{% for x in [1, 2, 3] if ns.n < 2 %}{{ x }}{{ loop.last }}"
+       "{% set ns.n = ns.n + 1 %}{% endfor %}",
+       "1False2False3True"},
+      // Constant expressions are folded when the template compiles, where a
+      // failed slice is an undefined value instead of an error.
+      {"{{ (true)[:2] }}|{{ ((true)[:2] and x)|length }}|{{ (1, (2)[:1]) }}", "|0|(1, Undefined)"},
+      {"{{ '%s|' % x }}{{ 'a' % [1] }}{{ '%s' % [1] }}", "|a[1]"},
+      {"{{ range(10)[2:8:3] }}|{{ range(3)[::-1] }}", "range(2, 8, 3)|range(2, -1, -1)"},
+  });
+  // Not folded (a variable), the same slice is Python's TypeError.
+  EXPECT_EQ(Render("{% set t = true %}{{ t[:2] }}").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ChatTemplateTest, Tojson) {
   ExpectAll({
       {"{{ {'b': 1, 'a': [1, 2.0, none, true, 'x']}|tojson }}",
