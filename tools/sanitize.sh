@@ -7,8 +7,10 @@
 #   tools/sanitize.sh [ctest arguments]
 # Left out: the CUDA backend (no GPU here: its tests only skip), tests that
 # run no C++ of ours or only repeat what these cover (formatting, deployment
-# files, the 4,000-string tokenizer comparison, which the fuzzers cover), and
-# the soak, whose memory-plateau check AddressSanitizer's quarantine of freed
+# files, the 4,000-string tokenizer comparison, which the fuzzers cover; the
+# SmolLM2 logits comparison, 5 minutes here of a numeric check whose loader,
+# tokenizer and model code run instrumented in gguf_model_test, the fuzzers
+# and gguf_server_parity), and the soak, whose memory-plateau check AddressSanitizer's quarantine of freed
 # memory (up to 256 MiB) would fail by design.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,5 +23,5 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOALESCE_CUDA=OFF \
 cmake --build "$build" -j "$(nproc)"
 cd "$build"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --output-on-failure -j "$(nproc)" -E '^(clang_format|deploy_.*|tokenizer_parity|soak_smoke)$' "$@"
+  ctest --output-on-failure -j "$(nproc)" -E '^(clang_format|deploy_.*|tokenizer_parity|gguf_model_parity|soak_smoke)$' "$@"
 echo "sanitizers: no memory error, leak or undefined behaviour"

@@ -10,18 +10,30 @@
 # COALESCE_TSAN=0 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/install-deps.sh
+# Each phase's wall time, printed as it ends and summed up at the end.
+phases=()
+phase() {
+  local name=$1 t=$SECONDS
+  shift
+  "$@"
+  phases+=("$name $((SECONDS - t)) s")
+  echo "test.sh: $name took $((SECONDS - t)) s"
+}
+phase install-deps tools/install-deps.sh
 # The PyPI packages of the reference tests (tests/requirements.txt) in a venv.
+t=$SECONDS
 python=$(tools/make-venv.sh build/venv)
-tools/build.sh -DCOALESCE_PYTHON="$python"
+phases+=("venv $((SECONDS - t)) s")
+phase build tools/build.sh -DCOALESCE_PYTHON="$python"
 # The loaders and tokenizers under libFuzzer for a fixed time each.
-tools/fuzz.sh "${COALESCE_FUZZ_SECONDS:-20}"
-(cd build && ctest --output-on-failure -j "$(nproc)" "$@")
+phase fuzz tools/fuzz.sh "${COALESCE_FUZZ_SECONDS:-20}"
+phase ctest ctest --test-dir build --output-on-failure -j "$(nproc)" "$@"
 # The thread-safety annotations, through clang's -Wthread-safety.
-tools/thread_safety.sh build
+phase thread-safety tools/thread_safety.sh build
 if [[ ${COALESCE_SANITIZE:-1} != 0 ]]; then
-  COALESCE_PYTHON="$python" tools/sanitize.sh "$@"
+  COALESCE_PYTHON="$python" phase asan tools/sanitize.sh "$@"
 fi
 if [[ ${COALESCE_TSAN:-1} != 0 ]]; then
-  COALESCE_PYTHON="$python" tools/tsan.sh "$@"
+  COALESCE_PYTHON="$python" phase tsan tools/tsan.sh "$@"
 fi
+echo "test.sh: all passed in $SECONDS s (${phases[*]})"
