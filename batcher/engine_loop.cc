@@ -33,7 +33,15 @@ struct EngineLoop::Sequence {
   int num_cached = 0;           // leading tokens whose K/V are in the cache
   int prefill_end;              // tokens before this are prefill work
   int generated = 0;
-  std::vector<int32_t> blocks;             // KV blocks in position order
+  std::vector<int32_t> blocks;  // KV blocks in position order
+  // With prefix caching: the chain root of its salt, the hashes of its full
+  // blocks so far, how many of its leading blocks are registered (computed
+  // by it, or taken from the cache), and what the cache gave it at its
+  // first admission.
+  BlockHash prefix_root{};
+  std::vector<BlockHash> hashes;
+  int registered = 0;
+  int cached_prompt_tokens = 0;
   std::optional<engine::TextStream> text;  // from the first admission on
   absl::Time last_token_at;
   absl::Duration window_wait;  // time held by the coalescing window
@@ -97,7 +105,8 @@ EngineLoop::EngineLoop(engine::Backend* backend, const engine::Tokenizer* tokeni
       block_size_(backend->kv_cache().block_size),
       total_blocks_(backend->kv_cache().num_blocks),
       kv_bytes_per_token_(backend->kv_bytes_per_token()),
-      blocks_(backend->kv_cache().num_blocks),
+      blocks_(backend->kv_cache().num_blocks, options.prefix_caching),
+      prefix_root_(PrefixRoot(options.prefix_cache_namespace, "")),
       step_thread_(options.overlap_steps ? std::make_unique<StepThread>() : nullptr) {}
 
 EngineLoop::~EngineLoop() { Stop(); }
@@ -133,7 +142,13 @@ absl::StatusOr<uint64_t> EngineLoop::Submit(GenerationRequest request,
                      " requests are already waiting, its limit; retry after a short pause"));
   }
   const uint64_t id = next_id_++;
-  inbox_.push_back(std::make_unique<Sequence>(id, std::move(request), std::move(sink)));
+  auto seq = std::make_unique<Sequence>(id, std::move(request), std::move(sink));
+  if (options_.prefix_caching) {
+    seq->prefix_root = seq->request.cache_salt.empty()
+                           ? prefix_root_
+                           : PrefixRoot(options_.prefix_cache_namespace, seq->request.cache_salt);
+  }
+  inbox_.push_back(std::move(seq));
   return id;
 }
 
@@ -165,7 +180,9 @@ LoopSnapshot EngineLoop::Snapshot() const {
   for (const auto& seq : running_) snapshot.running.push_back({seq->id, seq->blocks});
   for (const PaddingRow& row : padding_) snapshot.running.push_back({row.id, row.blocks});
   for (const auto& seq : waiting_) snapshot.waiting.push_back(seq->id);
-  snapshot.free_blocks = blocks_.free_ids();
+  snapshot.free_blocks = blocks_.AvailableIds();
+  snapshot.cached_blocks = blocks_.CachedIds();
+  for (int32_t id = 0; id < total_blocks_; ++id) snapshot.refs.push_back(blocks_.refs(id));
   snapshot.total_blocks = total_blocks_;
   return snapshot;
 }
@@ -269,7 +286,7 @@ void EngineLoop::Iterate(absl::Time now) {
          "step: seqs=%d decode_tokens=%d prefill_tokens=%d admitted=%d preempted=%d "
          "running=%d (was %d) waiting=%d free_blocks=%d hold=%s",
          stats.num_seqs, stats.decode_tokens, stats.prefill_tokens, decision.admit.size(),
-         preempted, running_.size(), running_before, waiting_.size(), blocks_.num_free(),
+         preempted, running_.size(), running_before, waiting_.size(), blocks_.num_available(),
          HoldReasonName(decision.hold));
   }
   PublishQueueStats();
@@ -304,12 +321,22 @@ Decision EngineLoop::ScheduleAndAdmit(absl::Time now) {
   std::vector<WaitingRequest> waiting;
   waiting.reserve(waiting_.size());
   for (const auto& seq : waiting_) {
+    // Cached blocks that running sequences hold cost nothing to take; the
+    // others come out of the available ones either way.
+    int shared = 0;
+    if (options_.prefix_caching) {
+      const int len = static_cast<int>(seq->tokens.size());
+      ExtendBlockHashes(seq->prefix_root, seq->tokens, block_size_, seq->hashes);
+      blocks_.Match(std::span(seq->hashes)
+                        .first(std::min<size_t>(seq->hashes.size(), (len - 1) / block_size_)),
+                    &shared);
+    }
     waiting.push_back({seq->id, seq->request.arrival,
-                       BlocksForTokens(static_cast<int>(seq->tokens.size()), block_size_),
+                       BlocksForTokens(static_cast<int>(seq->tokens.size()), block_size_) - shared,
                        seq->request.priority, seq->request.deadline, seq->preempted});
   }
   const QueueState state{waiting, static_cast<int>(running_.size()),
-                         std::max(0, blocks_.num_free() - imminent)};
+                         std::max(0, blocks_.num_available() - imminent)};
   Decision decision = scheduler_.Schedule(state, now);
   reconsider_at_ = decision.reconsider_at;
   decision_left_engine_empty_ = running_.empty() && decision.admit.empty();
@@ -332,12 +359,19 @@ Decision EngineLoop::ScheduleAndAdmit(absl::Time now) {
                                 "): the server is overloaded; retry after a short pause")));
     }
   }
+  int admitted = 0;
   for (const int index : decision.admit) {
+    // The scheduler admitted it only if its blocks were available, by an
+    // estimate that an eviction by an earlier admission of this decision
+    // can make short: then it waits for the next decision.
+    if (!TakeBlocks(*waiting_[index])) continue;
     std::unique_ptr<Sequence> seq = std::move(waiting_[index]);
-    // The scheduler admitted it only if its blocks were free.
-    seq->blocks =
-        *blocks_.Allocate(BlocksForTokens(static_cast<int>(seq->tokens.size()), block_size_));
+    ++admitted;
     if (!seq->preempted) {
+      seq->cached_prompt_tokens = seq->num_cached;
+      if (observer_ != nullptr && options_.prefix_caching) {
+        observer_->OnPrefixCacheLookup(static_cast<int>(seq->tokens.size()), seq->num_cached);
+      }
       seq->text.emplace(*tokenizer_, seq->tokens.back(), seq->request.stop);
       if (observer_ != nullptr) {
         observer_->OnAdmitted(now - seq->request.arrival, seq->window_wait);
@@ -346,19 +380,60 @@ Decision EngineLoop::ScheduleAndAdmit(absl::Time now) {
     running_.push_back(std::move(seq));
   }
   std::erase(waiting_, nullptr);
-  if (observer_ != nullptr && !decision.admit.empty()) {
-    observer_->OnAdmission(static_cast<int>(decision.admit.size()));
-  }
+  if (observer_ != nullptr && admitted > 0) observer_->OnAdmission(admitted);
   return decision;
+}
+
+bool EngineLoop::TakeBlocks(Sequence& seq) {
+  const int len = static_cast<int>(seq.tokens.size());
+  const int needed = BlocksForTokens(len, block_size_);
+  int matched = 0;
+  std::vector<int32_t> blocks;
+  if (options_.prefix_caching) {
+    // At least the last token is computed, so that it has logits.
+    ExtendBlockHashes(seq.prefix_root, seq.tokens, block_size_, seq.hashes);
+    const auto lookup =
+        std::span(seq.hashes).first(std::min<size_t>(seq.hashes.size(), (len - 1) / block_size_));
+    matched = blocks_.Match(lookup);
+    // Taken first, so that allocating the rest cannot evict them.
+    blocks = blocks_.Take(lookup, matched);
+  }
+  std::optional<std::vector<int32_t>> rest = blocks_.Allocate(needed - matched);
+  if (!rest.has_value()) {
+    blocks_.Release(blocks);
+    return false;
+  }
+  blocks.insert(blocks.end(), rest->begin(), rest->end());
+  seq.blocks = std::move(blocks);
+  seq.registered = matched;
+  seq.num_cached = matched * block_size_;
+  return true;
+}
+
+void EngineLoop::RegisterFullBlocks(Sequence& seq) {
+  if (!options_.prefix_caching) return;
+  const int full = seq.num_cached / block_size_;
+  if (seq.registered >= full) return;
+  ExtendBlockHashes(seq.prefix_root, std::span(seq.tokens).first(seq.num_cached), block_size_,
+                    seq.hashes);
+  for (; seq.registered < full; ++seq.registered) {
+    blocks_.Register(seq.blocks[seq.registered], seq.hashes[seq.registered]);
+  }
+}
+
+void EngineLoop::ReleaseBlocks(Sequence& seq) {
+  blocks_.Release(seq.blocks);
+  seq.blocks.clear();
+  seq.registered = 0;
 }
 
 void EngineLoop::Preempt(std::unique_ptr<Sequence>& slot) {
   Sequence& seq = *slot;
   // Everything it has, prompt and generated tokens, is recomputed on
   // resumption; its sampler and text state carry on, so its output is the
-  // same as without the pause.
-  blocks_.Free(seq.blocks);
-  seq.blocks.clear();
+  // same as without the pause. Its registered blocks stay cached, so it may
+  // find them again.
+  ReleaseBlocks(seq);
   seq.num_cached = 0;
   seq.prefill_end = static_cast<int>(seq.tokens.size());
   seq.preempted = true;
@@ -370,11 +445,13 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
   // 4. Plan: preemptions, then the chunk of every sequence in the step.
   plan_input_.clear();
   for (const auto& seq : running_) {
+    int released = 0;
+    for (const int32_t id : seq->blocks) released += blocks_.refs(id) == 1 ? 1 : 0;
     plan_input_.push_back({seq->num_cached, seq->pending(), seq->prefilling(),
-                           static_cast<int>(seq->blocks.size()), seq->request.priority});
+                           static_cast<int>(seq->blocks.size()), seq->request.priority, released});
   }
   const StepPlan plan =
-      PlanStep(plan_input_, blocks_.num_free(), block_size_, options_.max_batch_tokens);
+      PlanStep(plan_input_, blocks_.num_available(), block_size_, options_.max_batch_tokens);
   // The plan names sequences by their position in running_: find the chunks'
   // owners before preemption moves anyone.
   step_owner_.clear();
@@ -454,6 +531,8 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
     }
     std::erase_if(running_, [](const auto& seq) { return seq->done; });
     EndPaddingIfBatchOver();
+    // Nothing is promised about what a failed step left in the cache.
+    blocks_.ForgetAll();
     if (device_lost) {
       {
         absl::MutexLock lock(&mu_);
@@ -471,6 +550,7 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
     if (step_owner_[i] == nullptr) continue;  // padding
     Sequence& seq = *step_owner_[i];
     seq.num_cached += step_seqs_[i].num_tokens;
+    RegisterFullBlocks(seq);
     if (seq.pending() > 0) continue;  // a prompt chunk; more follow
     ++stats.generated_tokens;
     Emit(seq, step_next_[i], now);
@@ -482,7 +562,7 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
 
 void EngineLoop::EndPaddingIfBatchOver() {
   if (!running_.empty()) return;
-  for (PaddingRow& row : padding_) blocks_.Free(row.blocks);
+  for (PaddingRow& row : padding_) blocks_.Release(row.blocks);
   padding_.clear();
 }
 
@@ -542,12 +622,12 @@ void EngineLoop::FlushDeliveries() {
 // ---------------------------------------------------------------------------
 
 void EngineLoop::Finish(Sequence& seq, StreamUpdate update) {
-  blocks_.Free(seq.blocks);
-  seq.blocks.clear();
+  ReleaseBlocks(seq);
   seq.done = true;
   update.finished = true;
   update.prompt_tokens = static_cast<int>(seq.request.prompt.size());
   update.completion_tokens = seq.generated;
+  update.cached_prompt_tokens = seq.cached_prompt_tokens;
   RequestSummary summary;
   summary.status = update.status.ok()
                        ? "ok"
@@ -607,8 +687,10 @@ void EngineLoop::PublishQueueStats() {
   QueueStats stats;
   stats.running = static_cast<int>(running_.size());
   stats.waiting = static_cast<int>(waiting_.size());
-  stats.free_kv_blocks = blocks_.num_free();
+  stats.free_kv_blocks = blocks_.num_available();
   stats.total_kv_blocks = total_blocks_;
+  stats.cached_kv_blocks = blocks_.num_cached();
+  stats.kv_block_evictions = blocks_.evictions();
   {
     absl::MutexLock lock(&mu_);
     published_ = stats;

@@ -34,13 +34,14 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "batcher/block_allocator.h"
+#include "batcher/block_pool.h"
 #include "batcher/observer.h"
 #include "batcher/request.h"
 #include "batcher/scheduler.h"
@@ -67,6 +68,13 @@ struct EngineLoopOptions {
   // Run each step on a second thread while this one streams the previous
   // step's tokens (see the top of this file).
   bool overlap_steps = false;
+  // Reuse the KV blocks of cached prompt prefixes (block_pool.h): a new
+  // request takes the longest chain of cached full blocks that matches its
+  // tokens and computes only the rest (at least its last token). A resumed
+  // (preempted) sequence may find its own blocks again.
+  bool prefix_caching = false;
+  // Names what computes the blocks (the model), in every block's hash.
+  std::string prefix_cache_namespace;
 };
 
 // The block ownership at one moment, for tests that check invariants.
@@ -75,9 +83,13 @@ struct LoopSnapshot {
     uint64_t id;
     std::vector<int32_t> blocks;
   };
-  std::vector<Seq> running;
+  std::vector<Seq> running;  // and kStaticPadded's padding rows
   std::vector<uint64_t> waiting;
+  // Blocks Allocate may hand out: free ones, then cached ones (held by
+  // nobody, kept for their prefix) from the least recently used.
   std::vector<int32_t> free_blocks;
+  std::vector<int32_t> cached_blocks;  // the cached ones among free_blocks
+  std::vector<int32_t> refs;           // [total_blocks]: holders of each block
   int total_blocks = 0;
 };
 
@@ -153,6 +165,13 @@ class EngineLoop {
   // Sends a running sequence back to the queue, leaving `slot` empty (the
   // caller closes the hole in running_).
   void Preempt(std::unique_ptr<Sequence>& slot);
+  // Takes the sequence's cached prefix and new blocks for the rest of its
+  // tokens; false (nothing taken) when they are not available.
+  bool TakeBlocks(Sequence& seq);
+  // Registers the blocks the sequence has now fully computed.
+  void RegisterFullBlocks(Sequence& seq);
+  // Lets go of the sequence's blocks.
+  void ReleaseBlocks(Sequence& seq);
   void Emit(Sequence& seq, int32_t token, absl::Time now);
   // Queues an update for the sequence's stream; FlushDeliveries hands the
   // queue to the streams, in order.
@@ -193,7 +212,8 @@ class EngineLoop {
   std::thread thread_;
 
   // ---- Owned by the loop thread ------------------------------------------
-  BlockAllocator blocks_;
+  BlockPool blocks_;
+  const BlockHash prefix_root_;                     // of requests without a cache_salt
   std::vector<std::unique_ptr<Sequence>> waiting_;  // any order: the scheduler orders
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order
   // kStaticPadded: finished sequences of the running batch, whose rows each

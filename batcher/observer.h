@@ -24,8 +24,10 @@ struct StepStats {
 struct QueueStats {
   int waiting = 0;
   int running = 0;
-  int free_kv_blocks = 0;
+  int free_kv_blocks = 0;  // available: free, or cached and held by nobody
   int total_kv_blocks = 0;
+  int cached_kv_blocks = 0;        // registered under a prefix hash, held or not
+  int64_t kv_block_evictions = 0;  // cached blocks taken for other use, ever
 };
 
 struct RequestSummary {
@@ -54,6 +56,9 @@ class LoopObserver {
   virtual void OnRejected(std::string_view reason) {}
   // A running sequence gave back its KV blocks, to be recomputed later.
   virtual void OnPreempted() {}
+  // A new request (not a resumed one) looked its `prompt_tokens` up in the
+  // prefix cache and found the KV of the first `cached_tokens` of them.
+  virtual void OnPrefixCacheLookup(int prompt_tokens, int cached_tokens) {}
   // A Backend step failed with `status`; the requests of that step have
   // already ended with INTERNAL. `device_lost` when the code is
   // engine::kDeviceLostCode: the device is unusable for good, and the loop has
@@ -93,6 +98,9 @@ class ForwardingObserver : public LoopObserver {
   }
   void OnPreempted() override {
     if (next_ != nullptr) next_->OnPreempted();
+  }
+  void OnPrefixCacheLookup(int prompt_tokens, int cached_tokens) override {
+    if (next_ != nullptr) next_->OnPrefixCacheLookup(prompt_tokens, cached_tokens);
   }
   void OnEngineFailure(const absl::Status& status, bool device_lost) override {
     if (next_ != nullptr) next_->OnEngineFailure(status, device_lost);

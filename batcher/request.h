@@ -22,6 +22,8 @@ struct GenerationRequest {
   int priority = 0;                              // higher is admitted first
   absl::Time arrival;                            // when the server received it
   absl::Time deadline = absl::InfiniteFuture();  // DEADLINE_EXCEEDED after this
+  // Requests share cached prompt blocks only with requests of the same salt.
+  std::string cache_salt;
 };
 
 enum class FinishReason { kLength, kStop, kEos, kCancelled };
@@ -37,6 +39,8 @@ struct StreamUpdate {
   FinishReason finish_reason = FinishReason::kLength;
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  // Prompt tokens whose KV came from the prefix cache at admission.
+  int cached_prompt_tokens = 0;
 };
 
 // Where a request's output goes. Called on the engine thread: it must not

@@ -32,7 +32,8 @@ StepPlan PlanStep(std::span<const RunningSequence> running, int free_blocks, int
       if (victim < 0 || running[i].priority < running[victim].priority) victim = i;
     }
     preempted[victim] = true;
-    free_blocks += running[victim].blocks_held;
+    const RunningSequence& v = running[victim];
+    free_blocks += v.blocks_released >= 0 ? v.blocks_released : v.blocks_held;
     plan.preempt.push_back(victim);
   }
 

@@ -9,8 +9,9 @@
 //      there are not enough, running sequences are preempted, the lowest
 //      priority first and, among equals, the most recently admitted first,
 //      until the remaining decodes fit. A preempted sequence gives back all
-//      its blocks, returns to the waiting queue, and is later resumed by
-//      recomputing its prompt and what it had generated.
+//      its blocks (those it shares with others stay held by them), returns
+//      to the waiting queue, and is later resumed by recomputing its prompt
+//      and what it had generated (less what it finds in the prefix cache).
 //   2. Prefill fills the rest of `max_batch_tokens`, in admission order. A
 //      prompt longer than what is left is split: its first part runs now, the
 //      rest in later steps, so one huge prompt cannot stall everyone's next
@@ -30,6 +31,9 @@ struct RunningSequence {
   bool prefilling = false;  // pending tokens are prompt/recomputation, not one decode
   int blocks_held = 0;
   int priority = 0;  // higher is more important
+  // Blocks that preempting it makes available: those no other sequence
+  // holds (a shared cached prefix stays held). -1: all of blocks_held.
+  int blocks_released = -1;
 };
 
 struct StepChunk {

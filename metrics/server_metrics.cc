@@ -97,7 +97,8 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry, con
       decode_tokens_per_step_(batch_tokens_.Add({{"phase", "decode"}}, kBatchTokensBuckets)),
       kv_blocks_(prometheus::BuildGauge()
                      .Name("coalesce_kv_cache_blocks")
-                     .Help("KV-cache blocks by state (free, used)")
+                     .Help("KV-cache blocks by state: used (held by running sequences), "
+                           "free (the rest, including cached prefix blocks nobody holds)")
                      .Register(*registry_)),
       kv_blocks_free_(kv_blocks_.Add({{"state", "free"}})),
       kv_blocks_used_(kv_blocks_.Add({{"state", "used"}})),
@@ -123,6 +124,19 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry, con
           NewGauge(*registry_, "coalesce_model_bandwidth_utilization_ratio",
                    "Over the last 32 engine steps: bytes the steps had to read (weights and the KV "
                    "cache they attended to) per second, over the device's memory bandwidth")),
+      prefix_lookup_tokens_(NewCounter(*registry_, "coalesce_prefix_cache_lookup_tokens_total",
+                                       "Prompt tokens of new requests looked up in the prefix "
+                                       "cache (resumed sequences are not counted)")),
+      prefix_hit_tokens_(NewCounter(*registry_, "coalesce_prefix_cache_hit_tokens_total",
+                                    "Of those, prompt tokens whose KV the prefix cache supplied "
+                                    "(not computed)")),
+      prefix_blocks_(NewGauge(*registry_, "coalesce_prefix_cache_blocks",
+                              "KV-cache blocks registered in the prefix cache: held by running "
+                              "sequences, or kept for reuse (counted free in "
+                              "coalesce_kv_cache_blocks)")),
+      prefix_evictions_(NewCounter(*registry_, "coalesce_prefix_cache_evictions_total",
+                                   "Cached prefix blocks evicted to make room, least recently "
+                                   "used first")),
       device_bandwidth_(info.memory_bandwidth) {
   memory_bandwidth_.Set(info.memory_bandwidth);
   prometheus::BuildGauge()
@@ -192,6 +206,11 @@ void ServerMetrics::OnQueue(const batcher::QueueStats& stats) {
   kv_blocks_used_.Set(used);
   kv_usage_ratio_.Set(stats.total_kv_blocks > 0 ? static_cast<double>(used) / stats.total_kv_blocks
                                                 : 0.0);
+  prefix_blocks_.Set(stats.cached_kv_blocks);
+  if (stats.kv_block_evictions > evictions_seen_) {
+    prefix_evictions_.Increment(static_cast<double>(stats.kv_block_evictions - evictions_seen_));
+    evictions_seen_ = stats.kv_block_evictions;
+  }
 }
 
 void ServerMetrics::OnAdmitted(absl::Duration queue_wait, absl::Duration window_wait) {
@@ -222,6 +241,11 @@ void ServerMetrics::OnRejected(std::string_view reason) {
 }
 
 void ServerMetrics::OnPreempted() { preemptions_.Increment(); }
+
+void ServerMetrics::OnPrefixCacheLookup(int prompt_tokens, int cached_tokens) {
+  prefix_lookup_tokens_.Increment(prompt_tokens);
+  prefix_hit_tokens_.Increment(cached_tokens);
+}
 
 void ServerMetrics::OnStalledStream() { stalled_streams_.Increment(); }
 

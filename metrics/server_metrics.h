@@ -3,6 +3,7 @@
 // before they reach the loop. Every metric is documented in docs/metrics.md.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -45,6 +46,7 @@ class ServerMetrics : public batcher::LoopObserver {
 
   void OnRejected(std::string_view reason) override;
   void OnPreempted() override;
+  void OnPrefixCacheLookup(int prompt_tokens, int cached_tokens) override;
 
   // A Generate stream ended because its client stopped reading.
   void OnStalledStream();
@@ -87,6 +89,11 @@ class ServerMetrics : public batcher::LoopObserver {
   prometheus::Histogram& step_mixed_seconds_;
   prometheus::Gauge& memory_bandwidth_;
   prometheus::Gauge& bandwidth_utilization_;
+  prometheus::Counter& prefix_lookup_tokens_;
+  prometheus::Counter& prefix_hit_tokens_;
+  prometheus::Gauge& prefix_blocks_;
+  prometheus::Counter& prefix_evictions_;
+  int64_t evictions_seen_ = 0;  // the loop's count at the last OnQueue
 
   // The last steps' bytes and seconds, for the bandwidth ratio. Touched only
   // by OnStep, which the one engine thread calls.

@@ -94,6 +94,7 @@ void GenerateReactor::Deliver(batcher::StreamUpdate update) {
         pending_.set_finish_reason(ToProto(update.finish_reason));
         pending_.mutable_usage()->set_prompt_tokens(update.prompt_tokens);
         pending_.mutable_usage()->set_completion_tokens(update.completion_tokens);
+        pending_.mutable_usage()->set_cached_prompt_tokens(update.cached_prompt_tokens);
       } else {
         // An error status replaces the final message: drop unsent output.
         pending_.Clear();

@@ -63,6 +63,7 @@ absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
     out.deadline = absl::FromChrono(context.deadline());
   }
   out.request_id = request.request_id();
+  out.cache_salt = request.cache_salt();
   if (request.prompt_token_ids_size() == 0) {
     // A conversation is rendered into text, which the template has given
     // its special tokens (so none is added); a prompt gets the tokenizer's.

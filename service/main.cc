@@ -120,6 +120,11 @@ ABSL_FLAG(bool, log_steps, Defaults().log_steps,
           "Log one line per engine step at --log_level=debug: decode and prefill tokens, "
           "admitted, preempted, running, waiting, free KV blocks, and why waiting requests "
           "were not admitted.");
+ABSL_FLAG(bool, prefix_caching, Defaults().prefix_caching,
+          "Reuse the KV cache of prompt prefixes seen before: a request whose tokens begin "
+          "as an earlier request's (of the same cache_salt) did takes those whole KV blocks "
+          "from the cache and computes only the rest. Cached blocks nobody uses are evicted, "
+          "least recently used first, when memory is needed.");
 ABSL_FLAG(std::string, overlap_steps, "auto",
           "auto, on or off. On: run each engine step on its own thread while the engine "
           "thread streams the previous step's tokens, so that streaming does not add to the "
@@ -200,6 +205,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   o.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);
   o.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout);
   o.log_steps = absl::GetFlag(FLAGS_log_steps);
+  o.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   absl::StatusOr<std::optional<bool>> overlap =
       service::ParseOverlapSteps(absl::GetFlag(FLAGS_overlap_steps));
   if (!overlap.ok()) return overlap.status();

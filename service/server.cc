@@ -174,6 +174,10 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
   loop_options.max_queue = options.max_queue;
   loop_options.log_steps = options.log_steps;
   loop_options.overlap_steps = options.overlap_steps.value_or(capabilities.overlap_pays);
+  loop_options.prefix_caching = options.prefix_caching;
+  // Blocks are named by the model and how this process computes it.
+  loop_options.prefix_cache_namespace =
+      absl::StrCat(config.name, "\n", config.source, "\n", b.Describe());
   // The metrics see every loop event; a step that loses the device also
   // requests the shutdown.
   s->watcher_ = std::make_unique<DeviceLossWatcher>(s->metrics_.get(), &s->shutdown_);
@@ -217,12 +221,12 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
   s->health_->SetServing(true);
   LogF(LogLevel::kInfo,
        "serving %s on %s:%d (metrics port %d), backend %s, max_batch_size %d, "
-       "batch_window %s, batching %s, overlap_steps %s",
+       "batch_window %s, batching %s, overlap_steps %s, prefix_caching %s",
        config.name, options.host, grpc_port,
        s->metrics_endpoint_ ? s->metrics_endpoint_->port() : -1, b.name(),
        options.scheduler.max_batch_size, absl::FormatDuration(options.scheduler.batch_window),
-       batcher::BatchingModeName(options.scheduler.mode),
-       loop_options.overlap_steps ? "on" : "off");
+       batcher::BatchingModeName(options.scheduler.mode), loop_options.overlap_steps ? "on" : "off",
+       loop_options.prefix_caching ? "on" : "off");
   *exit_code = 0;
   return s;
 }

@@ -49,6 +49,8 @@ struct ServerOptions {
   absl::Duration keepalive_time = absl::Seconds(30);
   absl::Duration keepalive_timeout = absl::Seconds(10);
   bool log_steps = false;
+  // Reuse the KV blocks of cached prompt prefixes (batcher/block_pool.h).
+  bool prefix_caching = true;
   // Threads that parse and tokenize requests (at least 2).
   int work_threads = 2;
   // A Generate stream whose client reads nothing for this long is ended.

@@ -80,6 +80,10 @@ absl::Status ValidateGenerateRequest(const v1::GenerateRequest& request,
     return InvalidArgumentError(StrCat("request_id must be at most ", limits.max_request_id_bytes,
                                        " bytes, got ", request.request_id().size()));
   }
+  if (static_cast<int>(request.cache_salt().size()) > limits.max_cache_salt_bytes) {
+    return InvalidArgumentError(StrCat("cache_salt must be at most ", limits.max_cache_salt_bytes,
+                                       " bytes, got ", request.cache_salt().size()));
+  }
   return absl::OkStatus();
 }
 

@@ -10,6 +10,8 @@ packages=(
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   # Abseil: Status/StatusOr, Mutex, flags, time
   libabsl-dev
+  # OpenSSL's libcrypto: SHA-256 names the cached prefix blocks of the KV cache
+  libssl-dev
   # Prometheus client library for the /metrics endpoint
   prometheus-cpp-dev
   # JSON (test goldens today; model configs and tokenizer.json later)

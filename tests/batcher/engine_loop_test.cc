@@ -28,7 +28,8 @@ class EngineLoopTest : public ::testing::TestWithParam<bool> {
  protected:
   void StartLoop(SchedulerConfig config, int num_blocks = 64) {
     backend_ = std::make_unique<CountingBackend>(num_blocks);
-    EngineLoopOptions options{config};
+    EngineLoopOptions options;
+    options.scheduler = config;
     options.overlap_steps = GetParam();
     loop_ =
         std::make_unique<EngineLoop>(backend_.get(), &tokenizer_, options, RealClock(), nullptr);
@@ -131,7 +132,8 @@ TEST_P(EngineLoopTest, QueueDrainsWhenEveryAdmittedRequestEndsInItsFirstStep) {
   config.priority_aging = absl::ZeroDuration();
   config.max_queue_wait = absl::Hours(1);
   backend_ = std::make_unique<CountingBackend>(64);
-  EngineLoopOptions options{config};
+  EngineLoopOptions options;
+  options.scheduler = config;
   options.overlap_steps = GetParam();
   loop_ = std::make_unique<EngineLoop>(backend_.get(), &tokenizer_, options, RealClock(), nullptr);
   // Queued before the loop starts, so its first decision sees all twelve.

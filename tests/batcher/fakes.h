@@ -106,6 +106,96 @@ class CountingBackend : public engine::Backend {
   std::vector<int> step_tokens_ ABSL_GUARDED_BY(mu_);
 };
 
+// A backend with a real paged KV cache holding one number per position: the
+// number at a position mixes the token there with the number at the position
+// before, so it stands for everything up to it, as K and V do, and it can
+// only be right if every block a sequence reads holds that sequence's own
+// history. The next token follows from the last position's number (never
+// kEos). Every step is checked with engine::ValidateStep, and reading a
+// position nobody wrote fails the test.
+class KvBackend : public engine::Backend {
+ public:
+  KvBackend(int num_blocks, int block_size)
+      : kv_{block_size, num_blocks}, cells_(static_cast<size_t>(num_blocks) * block_size, 0) {
+    config_.name = "kv";
+    config_.vocab_size = kVocab;
+    config_.max_seq_len = 1 << 12;
+    config_.dim = 8;
+    config_.n_layers = 1;
+    config_.n_heads = 2;
+    config_.n_kv_heads = 2;
+  }
+  // The number at a position from the one before it (0 before position 0).
+  static uint64_t Mix(uint64_t before, int32_t token) {
+    uint64_t z = before + 0x9e3779b97f4a7c15ULL * (static_cast<uint64_t>(token) + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return (z ^ (z >> 31)) | 1;  // never 0, which marks an unwritten cell
+  }
+  static int32_t Next(uint64_t number) { return static_cast<int32_t>((number >> 11) % kEos); }
+  // What a sequence that starts with `prompt` generates, computed directly.
+  static std::vector<int32_t> Expected(std::vector<int32_t> prompt, int n) {
+    uint64_t number = 0;
+    for (int32_t t : prompt) number = Mix(number, t);
+    std::vector<int32_t> out;
+    for (int i = 0; i < n; ++i) {
+      out.push_back(Next(number));
+      number = Mix(number, out.back());
+    }
+    return out;
+  }
+
+  absl::Status Step(const engine::StepBatch& batch, std::span<float> logits) override {
+    EXPECT_TRUE(engine::ValidateStep(config_, kv_, batch, owner_).ok());
+    if (fail_next_) {
+      fail_next_ = false;
+      return absl::InternalError("injected failure");
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      step_tokens_.push_back(static_cast<int>(batch.tokens.size()));
+    }
+    std::fill(logits.begin(), logits.end(), 0.0f);
+    size_t offset = 0;
+    for (size_t i = 0; i < batch.seqs.size(); ++i) {
+      const auto& seq = batch.seqs[i];
+      uint64_t number = 0;
+      for (int t = 0; t < seq.num_tokens; ++t) {
+        const int pos = seq.start_pos + t;
+        if (pos > 0) {
+          number = cells_[Cell(seq, pos - 1)];
+          EXPECT_NE(number, 0u) << "position " << pos - 1 << " was never written";
+        }
+        number = Mix(number, batch.tokens[offset + t]);
+        cells_[Cell(seq, pos)] = number;
+      }
+      offset += seq.num_tokens;
+      logits[i * kVocab + Next(number)] = 10.0f;
+    }
+    return absl::OkStatus();
+  }
+  const engine::ModelConfig& config() const override { return config_; }
+  const engine::KvCacheConfig& kv_cache() const override { return kv_; }
+  std::string_view name() const override { return "kv"; }
+  std::vector<int> step_tokens() {
+    absl::MutexLock lock(&mu_);
+    return step_tokens_;
+  }
+  std::atomic<bool> fail_next_{false};
+
+ private:
+  size_t Cell(const engine::SequenceStep& seq, int pos) const {
+    return static_cast<size_t>(seq.block_table[pos / kv_.block_size]) * kv_.block_size +
+           pos % kv_.block_size;
+  }
+  engine::ModelConfig config_;
+  engine::KvCacheConfig kv_;
+  std::vector<uint64_t> cells_;
+  std::vector<int32_t> owner_;
+  absl::Mutex mu_;
+  std::vector<int> step_tokens_ ABSL_GUARDED_BY(mu_);
+};
+
 // Collects one request's updates.
 class Collector : public OutputSink {
  public:
