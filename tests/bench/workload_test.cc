@@ -116,6 +116,51 @@ TEST(WorkloadTest, RefusesRangesBeyondTheContext) {
   EXPECT_FALSE(Workload::Create(options, Limits()).ok());
 }
 
+TEST(WorkloadTest, ASharedPrefixStartsEveryPromptAndTheRestDiffers) {
+  WorkloadOptions options;
+  options.prompt_tokens = {5, 5};
+  options.max_new_tokens = {3, 3};
+  options.shared_prefix_tokens = 12;
+  options.seed = 3;
+  Workload w = *Workload::Create(options, Limits());
+  RequestSpec a = w.Next(), b = w.Next();
+  ASSERT_EQ(a.prompt_token_ids.size(), 17u);
+  ASSERT_EQ(b.prompt_token_ids.size(), 17u);
+  EXPECT_EQ(a.prompt_token_ids[0], 1);  // BOS once, at the very start
+  EXPECT_TRUE(std::equal(a.prompt_token_ids.begin(), a.prompt_token_ids.begin() + 12,
+                         b.prompt_token_ids.begin()));
+  EXPECT_NE(a.prompt_token_ids, b.prompt_token_ids);
+  for (size_t i = 1; i < a.prompt_token_ids.size(); ++i) {
+    EXPECT_NE(a.prompt_token_ids[i], 1);
+    EXPECT_NE(a.prompt_token_ids[i], 2);
+  }
+  EXPECT_EQ(w.Describe(), "shared prefix 12 tokens + prompt 5 tokens, max_new_tokens 3");
+  // The prefix counts against the context.
+  options.shared_prefix_tokens = 57;
+  EXPECT_FALSE(Workload::Create(options, Limits()).ok());
+  options.shared_prefix_tokens = 56;
+  EXPECT_TRUE(Workload::Create(options, Limits()).ok());
+}
+
+TEST(WorkloadTest, ANextTurnResendsTheHistoryWithANewMessage) {
+  WorkloadOptions options;
+  options.prompt_tokens = {4, 4};
+  options.max_new_tokens = {2, 2};
+  options.turns = 3;
+  Workload w = *Workload::Create(options, Limits());
+  const std::vector<int32_t> history = {1, 5, 6, 7, 3, 4};
+  RequestSpec next = w.NextTurn(history);
+  ASSERT_EQ(next.prompt_token_ids.size(), 10u);
+  EXPECT_TRUE(std::equal(history.begin(), history.end(), next.prompt_token_ids.begin()));
+  EXPECT_EQ(next.max_new_tokens, 2);
+  EXPECT_NE(w.Describe().find("conversations of 3 turns"), std::string::npos);
+  // Every turn of a conversation must fit: 3 x (4 + 2) <= 64, 11 x 6 > 64.
+  options.turns = 11;
+  EXPECT_FALSE(Workload::Create(options, Limits()).ok());
+  options.turns = 0;
+  EXPECT_FALSE(Workload::Create(options, Limits()).ok());
+}
+
 TEST(ParseWorkloadTest, ReadsTextAndIdsWithOptionalLengths) {
   absl::StatusOr<std::vector<RequestSpec>> entries = ParseWorkload(
       "{\"prompt\": \"Once upon a time\", \"max_new_tokens\": 20}\n"

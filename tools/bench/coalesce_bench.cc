@@ -57,6 +57,13 @@ ABSL_FLAG(IntRange, max_new_tokens, (IntRange{128, 128}),
           "max_new_tokens of each request: N or LO:HI. An upper bound: the server has no "
           "'ignore EOS', so the model may end a generation early; the report counts the tokens "
           "that arrived.");
+ABSL_FLAG(int, shared_prefix_tokens, 0,
+          "Generated prompts: every request starts with the same system prompt of this many "
+          "tokens (BOS first); --prompt_tokens is then the length of each request's own part.");
+ABSL_FLAG(int, turns, 1,
+          "Generated prompts, closed loop: conversations of this many requests; each turn "
+          "re-sends the conversation so far (the previous prompt and its answer) plus a new "
+          "message of --prompt_tokens tokens.");
 ABSL_FLAG(std::string, workload, "",
           "JSON-lines file of requests, used in order and cycled: {\"prompt\": TEXT} or "
           "{\"prompt_token_ids\": [IDS]}, optionally with \"max_new_tokens\" (else "
@@ -120,6 +127,8 @@ absl::StatusOr<Config> ConfigFromFlags() {
   c.workload.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   c.workload.file = absl::GetFlag(FLAGS_workload);
   c.workload.seed = absl::GetFlag(FLAGS_seed);
+  c.workload.shared_prefix_tokens = absl::GetFlag(FLAGS_shared_prefix_tokens);
+  c.workload.turns = absl::GetFlag(FLAGS_turns);
   c.temperature = absl::GetFlag(FLAGS_temperature);
   c.timeout = absl::GetFlag(FLAGS_timeout);
   c.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
@@ -154,6 +163,10 @@ absl::StatusOr<Config> ConfigFromFlags() {
     return absl::InvalidArgumentError("--format must be table, json or none");
   }
   if (c.channels < 1) return absl::InvalidArgumentError("--channels must be at least 1");
+  if (c.workload.turns > 1 && c.mode != Mode::kClosedLoop) {
+    return absl::InvalidArgumentError(
+        "--turns needs the closed loop (no --rate): a turn is sent when the previous one ends");
+  }
   return c;
 }
 
@@ -172,6 +185,8 @@ nlohmann::json ConfigJson(const Config& c) {
       {"prompt_tokens", AbslUnparseFlag(c.workload.prompt_tokens)},
       {"max_new_tokens", AbslUnparseFlag(c.workload.max_new_tokens)},
       {"workload", c.workload.file},
+      {"shared_prefix_tokens", c.workload.shared_prefix_tokens},
+      {"turns", c.workload.turns},
       {"seed", c.workload.seed},
       {"temperature", c.temperature},
       {"timeout_s", absl::ToDoubleSeconds(c.timeout)},

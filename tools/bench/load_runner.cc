@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <random>
 #include <thread>
 #include <utility>
@@ -115,11 +116,18 @@ namespace {
 class Stream final : public grpc::ClientReadReactor<GenerateResponse> {
  public:
   Stream(Runner* runner, std::shared_ptr<CallHandle> call, GenerateRequest request,
-         RequestRecord record)
+         RequestRecord record, int max_turns)
       : runner_(runner),
         call_(std::move(call)),
         request_(std::move(request)),
-        record_(std::move(record)) {}
+        record_(std::move(record)),
+        max_turns_(max_turns) {
+    // A turn before the last keeps what the next one re-sends.
+    if (record_.turn < max_turns_) {
+      record_.history.assign(request_.prompt_token_ids().begin(),
+                             request_.prompt_token_ids().end());
+    }
+  }
 
   void Start(Generator::Stub* stub, SteadyClock::time_point send) {
     send_ = send;
@@ -137,6 +145,7 @@ class Stream final : public grpc::ClientReadReactor<GenerateResponse> {
   const GenerateRequest request_;  // read by gRPC until the call ends
   GenerateResponse response_;
   RequestRecord record_;
+  const int max_turns_;
   SteadyClock::time_point send_;
 };
 
@@ -170,8 +179,13 @@ void Stream::OnReadDone(bool ok) {
     const std::string& name = coalesce::v1::FinishReason_Name(response_.finish_reason());
     record_.finish_reason = name.substr(sizeof("FINISH_REASON_") - 1);
   }
+  if (record_.turn < max_turns_) {
+    record_.history.insert(record_.history.end(), response_.token_ids().begin(),
+                           response_.token_ids().end());
+  }
   if (response_.has_usage()) {
     record_.usage_completion_tokens = response_.usage().completion_tokens();
+    record_.cached_prompt_tokens = response_.usage().cached_prompt_tokens();
     if (record_.prompt_tokens < 0) record_.prompt_tokens = response_.usage().prompt_tokens();
   }
   StartRead(&response_);
@@ -203,16 +217,30 @@ void Runner::OnStreamDone(RequestRecord record) {
   }
   if (record.status_code == 0) {
     ++completed_;
+    if (record.turn < config_.workload.turns) {
+      next_turns_.push_back({record.conversation, record.turn + 1, std::move(record.history)});
+    }
   } else {
     ++failed_;
   }
+  record.history.clear();
+  record.history.shrink_to_fit();
   records_.push_back(std::move(record));
 }
 
 void Runner::Launch(bool warmup, double send_lag_s) {
   ReleaseFinishedCalls();
   const int64_t index = next_index_++;
-  RequestSpec spec = workload_.Next();
+  std::optional<NextTurn> next;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!next_turns_.empty()) {
+      next = std::move(next_turns_.front());
+      next_turns_.pop_front();
+    }
+  }
+  RequestSpec spec =
+      next.has_value() ? workload_.NextTurn(std::move(next->history)) : workload_.Next();
   GenerateRequest request;
   if (!spec.prompt.empty()) {
     request.set_prompt(spec.prompt);
@@ -233,6 +261,8 @@ void Runner::Launch(bool warmup, double send_lag_s) {
   record.send_lag_s = send_lag_s;
   record.prompt_tokens = spec.prompt.empty() ? static_cast<int>(spec.prompt_token_ids.size()) : -1;
   record.max_new_tokens = spec.max_new_tokens;
+  record.conversation = next.has_value() ? next->conversation : conversations_++;
+  record.turn = next.has_value() ? next->turn : 1;
   (warmup ? warmup_sent_ : measured_sent_)++;
 
   auto call = std::make_shared<CallHandle>();
@@ -244,7 +274,8 @@ void Runner::Launch(bool warmup, double send_lag_s) {
   }
   const SteadyClock::time_point send = SteadyClock::now();
   record.send_s = Seconds(send - start_);
-  auto* stream = new Stream(this, std::move(call), std::move(request), std::move(record));
+  auto* stream = new Stream(this, std::move(call), std::move(request), std::move(record),
+                            config_.workload.turns);
   stream->Start(stubs_[index % stubs_.size()].get(), send);
 }
 

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -140,6 +141,15 @@ class Runner {
   // Handles of ended streams, kept for the driver thread to release.
   std::vector<std::shared_ptr<CallHandle>> finished_calls_ ABSL_GUARDED_BY(mu_);
   std::vector<RequestRecord> records_ ABSL_GUARDED_BY(mu_);
+  // --turns: conversations whose next turn may go out, oldest first; the
+  // next Launch takes one before starting a new conversation.
+  struct NextTurn {
+    int64_t conversation;
+    int turn;
+    std::vector<int32_t> history;
+  };
+  std::deque<NextTurn> next_turns_ ABSL_GUARDED_BY(mu_);
+  int64_t conversations_ = 0;  // driver thread only
   int64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
 

@@ -94,6 +94,7 @@ Report BuildReport(ReportInput input) {
     ++r.finish_reasons[rec.finish_reason.empty() ? "NONE" : rec.finish_reason];
     if (rec.usage_completion_tokens != rec.tokens) ++r.usage_mismatches;
     if (rec.prompt_tokens > 0) r.prompt_tokens += rec.prompt_tokens;
+    if (rec.cached_prompt_tokens > 0) r.cached_prompt_tokens += rec.cached_prompt_tokens;
     r.requested_tokens += rec.max_new_tokens;
 
     // Latencies of successful requests only: a failed request's timing says
@@ -174,6 +175,12 @@ std::string FormatTable(const Report& r) {
       &out, "tokens       %d prompt, %d generated (%.1f per completed request)\n", r.prompt_tokens,
       r.generated_tokens,
       r.completed > 0 ? static_cast<double>(r.generated_tokens) / r.completed : 0.0);
+  if (r.cached_prompt_tokens > 0) {
+    absl::StrAppendFormat(&out, "prefix cache %d of the prompt tokens (%.1f%%) were cached\n",
+                          r.cached_prompt_tokens,
+                          100.0 * static_cast<double>(r.cached_prompt_tokens) /
+                              static_cast<double>(std::max<int64_t>(1, r.prompt_tokens)));
+  }
   absl::StrAppendFormat(&out, "time         %.2f s measured (drain %.2f s)\n", r.elapsed_s,
                         in.drain_s);
   absl::StrAppendFormat(&out,
@@ -248,6 +255,9 @@ nlohmann::json RecordJson(const RequestRecord& rec) {
   }
   if (!rec.finish_reason.empty()) j["finish_reason"] = rec.finish_reason;
   if (rec.usage_completion_tokens >= 0) j["usage_completion_tokens"] = rec.usage_completion_tokens;
+  if (rec.cached_prompt_tokens >= 0) j["cached_prompt_tokens"] = rec.cached_prompt_tokens;
+  j["conversation"] = rec.conversation;
+  j["turn"] = rec.turn;
   if (rec.status_code != 0) j["error"] = rec.error;
   if (rec.cancelled_at_end) j["cancelled_at_end"] = true;
   return j;
@@ -275,6 +285,7 @@ nlohmann::json ToJson(const Report& r, bool per_request) {
                  {"in_flight_at_end", r.warmup_in_flight_at_end},
                  {"generated_tokens", r.warmup_tokens}};
   j["tokens"] = {{"prompt", r.prompt_tokens},
+                 {"cached_prompt", r.cached_prompt_tokens},
                  {"generated", r.generated_tokens},
                  {"requested", r.requested_tokens}};
   j["time"] = {{"measured_start_s", in.measured_start_s},

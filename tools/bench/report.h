@@ -51,7 +51,13 @@ struct RequestRecord {
   std::string error;                 // the status message of a failed request
   std::string finish_reason;         // "LENGTH", "EOS", ...; empty for a failed request
   int usage_completion_tokens = -1;  // from the last message; -1 if none
+  int cached_prompt_tokens = -1;     // usage: prompt tokens the prefix cache supplied
   bool cancelled_at_end = false;     // still running after the drain timeout: cancelled
+  int64_t conversation = 0;          // --turns: which conversation, and which turn (from 1)
+  int turn = 1;
+  // --turns, a completed turn before the last: its prompt and the tokens it
+  // got, which the next turn re-sends. Not reported.
+  std::vector<int32_t> history;
 };
 
 // "OK", "CANCELLED", ... "UNAUTHENTICATED"; "CODE_<n>" outside 0..16.
@@ -107,11 +113,12 @@ struct Report {
   int64_t warmup_in_flight_at_end = 0;
   int64_t warmup_tokens = 0;
   // Tokens of the measured requests.
-  int64_t prompt_tokens = 0;     // of completed requests
-  int64_t generated_tokens = 0;  // every token received
-  int64_t requested_tokens = 0;  // sum of max_new_tokens of completed requests
-  double elapsed_s = 0;          // the measured time
-  double requests_per_s = 0;     // completed / elapsed
+  int64_t prompt_tokens = 0;         // of completed requests
+  int64_t cached_prompt_tokens = 0;  // of those, supplied by the server's prefix cache
+  int64_t generated_tokens = 0;      // every token received
+  int64_t requested_tokens = 0;      // sum of max_new_tokens of completed requests
+  double elapsed_s = 0;              // the measured time
+  double requests_per_s = 0;         // completed / elapsed
   double generated_tokens_per_s = 0;
   double prompt_tokens_per_s = 0;
   int64_t slo_met = 0;

@@ -123,6 +123,13 @@ absl::StatusOr<Workload> Workload::Create(const WorkloadOptions& options,
   if (options.max_new_tokens.lo < 1) {
     return absl::InvalidArgumentError("--max_new_tokens must be at least 1");
   }
+  if (options.shared_prefix_tokens < 0 || options.turns < 1) {
+    return absl::InvalidArgumentError("--shared_prefix_tokens must be >= 0 and --turns at least 1");
+  }
+  if (!options.file.empty() && (options.shared_prefix_tokens > 0 || options.turns > 1)) {
+    return absl::InvalidArgumentError(
+        "--shared_prefix_tokens and --turns generate their prompts: not with --workload");
+  }
   Workload workload(options, limits);
   if (!options.file.empty()) {
     std::ifstream in(options.file, std::ios::binary);
@@ -143,11 +150,18 @@ absl::StatusOr<Workload> Workload::Create(const WorkloadOptions& options,
   }
   // Checked here rather than left to the server: a range the server refuses
   // would turn the whole run into INVALID_ARGUMENT failures.
-  if (options.prompt_tokens.hi + options.max_new_tokens.hi > limits.context_length) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--prompt_tokens (up to ", options.prompt_tokens.hi,
-                     ") plus --max_new_tokens (up to ", options.max_new_tokens.hi,
-                     ") exceed the model's context of ", limits.context_length, " tokens"));
+  const int64_t longest =
+      options.shared_prefix_tokens +
+      static_cast<int64_t>(options.turns) * (options.prompt_tokens.hi + options.max_new_tokens.hi);
+  if (longest > limits.context_length) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options.shared_prefix_tokens > 0
+            ? absl::StrCat("--shared_prefix_tokens (", options.shared_prefix_tokens, ") plus ")
+            : "",
+        options.turns > 1 ? absl::StrCat(options.turns, " turns of ") : "",
+        "--prompt_tokens (up to ", options.prompt_tokens.hi, ") plus --max_new_tokens (up to ",
+        options.max_new_tokens.hi, ") exceed the model's context of ", limits.context_length,
+        " tokens"));
   }
   // Special ids are left out of the random part of a prompt: an EOS or BOS in
   // the middle of a prompt is not what real traffic looks like.
@@ -160,36 +174,57 @@ absl::StatusOr<Workload> Workload::Create(const WorkloadOptions& options,
     workload.ordinary_ids_.push_back(id);
   }
   if (workload.ordinary_ids_.empty()) workload.ordinary_ids_.push_back(0);
+  if (options.shared_prefix_tokens > 0) {
+    if (limits.bos_token_id >= 0) workload.shared_prefix_.push_back(limits.bos_token_id);
+    workload.AppendRandom(
+        workload.shared_prefix_,
+        options.shared_prefix_tokens - static_cast<int>(workload.shared_prefix_.size()));
+  }
   return workload;
 }
 
+int Workload::Draw(IntRange r) {
+  if (r.log && r.lo < r.hi) {
+    // exp of a uniform draw over [ln lo, ln (hi + 1)), rounded down.
+    const double u =
+        std::uniform_real_distribution<double>(std::log(r.lo), std::log(r.hi + 1.0))(rng_);
+    return std::clamp(static_cast<int>(std::exp(u)), r.lo, r.hi);
+  }
+  return std::uniform_int_distribution<int>(r.lo, r.hi)(rng_);
+}
+
+void Workload::AppendRandom(std::vector<int32_t>& ids, int n) {
+  std::uniform_int_distribution<size_t> pick(0, ordinary_ids_.size() - 1);
+  for (int i = 0; i < n; ++i) ids.push_back(ordinary_ids_[pick(rng_)]);
+}
+
+RequestSpec Workload::NextTurn(std::vector<int32_t> history) {
+  RequestSpec spec;
+  spec.prompt_token_ids = std::move(history);
+  const int length = Draw(options_.prompt_tokens);
+  spec.max_new_tokens = Draw(options_.max_new_tokens);
+  AppendRandom(spec.prompt_token_ids, length);
+  return spec;
+}
+
 RequestSpec Workload::Next() {
-  auto uniform = [this](IntRange r) {
-    if (r.log && r.lo < r.hi) {
-      // exp of a uniform draw over [ln lo, ln (hi + 1)), rounded down.
-      const double u =
-          std::uniform_real_distribution<double>(std::log(r.lo), std::log(r.hi + 1.0))(rng_);
-      return std::clamp(static_cast<int>(std::exp(u)), r.lo, r.hi);
-    }
-    return std::uniform_int_distribution<int>(r.lo, r.hi)(rng_);
-  };
   if (!entries_.empty()) {
     RequestSpec spec = entries_[next_entry_];
     next_entry_ = (next_entry_ + 1) % entries_.size();
-    if (spec.max_new_tokens == 0) spec.max_new_tokens = uniform(options_.max_new_tokens);
+    if (spec.max_new_tokens == 0) spec.max_new_tokens = Draw(options_.max_new_tokens);
     return spec;
   }
   RequestSpec spec;
-  const int length = uniform(options_.prompt_tokens);
-  spec.max_new_tokens = uniform(options_.max_new_tokens);
-  spec.prompt_token_ids.reserve(length);
-  std::uniform_int_distribution<size_t> pick(0, ordinary_ids_.size() - 1);
-  for (int i = 0; i < length; ++i) {
-    if (i == 0 && limits_.bos_token_id >= 0) {
-      spec.prompt_token_ids.push_back(limits_.bos_token_id);
-    } else {
-      spec.prompt_token_ids.push_back(ordinary_ids_[pick(rng_)]);
-    }
+  const int length = Draw(options_.prompt_tokens);
+  spec.max_new_tokens = Draw(options_.max_new_tokens);
+  spec.prompt_token_ids.reserve(shared_prefix_.size() + length);
+  spec.prompt_token_ids = shared_prefix_;
+  // Without a shared prefix, the request's own part starts with BOS.
+  if (shared_prefix_.empty() && length > 0 && limits_.bos_token_id >= 0) {
+    spec.prompt_token_ids.push_back(limits_.bos_token_id);
+    AppendRandom(spec.prompt_token_ids, length - 1);
+  } else {
+    AppendRandom(spec.prompt_token_ids, length);
   }
   return spec;
 }
@@ -200,8 +235,17 @@ std::string Workload::Describe() const {
                         " entries, in order), max_new_tokens ",
                         AbslUnparseFlag(options_.max_new_tokens), " where unset");
   }
-  return absl::StrCat("prompt ", AbslUnparseFlag(options_.prompt_tokens),
-                      " tokens, max_new_tokens ", AbslUnparseFlag(options_.max_new_tokens));
+  std::string out;
+  if (!shared_prefix_.empty()) {
+    absl::StrAppend(&out, "shared prefix ", shared_prefix_.size(), " tokens + ");
+  }
+  absl::StrAppend(&out, "prompt ", AbslUnparseFlag(options_.prompt_tokens),
+                  " tokens, max_new_tokens ", AbslUnparseFlag(options_.max_new_tokens));
+  if (options_.turns > 1) {
+    absl::StrAppend(&out, "; conversations of ", options_.turns,
+                    " turns, each re-sending the conversation so far");
+  }
+  return out;
 }
 
 }  // namespace coalesce::bench

@@ -50,6 +50,15 @@ struct WorkloadOptions {
   IntRange max_new_tokens{128, 128};  // also the default of file entries without one
   std::string file;                   // JSON lines; empty: generated prompts
   uint64_t seed = 0;
+  // Generated prompts only. A system prompt of this many tokens (BOS first)
+  // that every request starts with; prompt_tokens is then the length of
+  // each request's own part after it.
+  int shared_prefix_tokens = 0;
+  // Generated prompts only. Each conversation is this many requests: the
+  // first sends its prompt; each next one re-sends the conversation so far
+  // (the previous prompt and the answer it got) plus a new message of
+  // prompt_tokens tokens (NextTurn).
+  int turns = 1;
 };
 
 // Hands out requests in a fixed order that depends only on the options and
@@ -61,7 +70,11 @@ class Workload {
   // a file that cannot be read or parsed (the message names the line).
   static absl::StatusOr<Workload> Create(const WorkloadOptions& options, const ModelLimits& limits);
 
+  // The first request of a conversation.
   RequestSpec Next();
+  // The next turn: `history` (the previous turn's prompt and answer) plus a
+  // new message.
+  RequestSpec NextTurn(std::vector<int32_t> history);
 
   // "prompt 64:256 tokens, max_new_tokens 128" or "workload FILE (N entries)".
   std::string Describe() const;
@@ -73,7 +86,11 @@ class Workload {
   ModelLimits limits_;
   std::vector<RequestSpec> entries_;  // from the file; cycled through in order
   size_t next_entry_ = 0;
+  int Draw(IntRange range);
+  void AppendRandom(std::vector<int32_t>& ids, int n);
+
   std::vector<int32_t> ordinary_ids_;  // ids a generated prompt may use (no BOS/EOS)
+  std::vector<int32_t> shared_prefix_;
   std::mt19937_64 rng_;
 };
 
