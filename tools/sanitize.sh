@@ -16,7 +16,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=build-asan
 python=${COALESCE_PYTHON:-$(tools/make-venv.sh build/venv)}
+# -O1 -g1: what AddressSanitizer recommends, and line tables are all its
+# reports need; both compile much faster than -O2 -g.
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOALESCE_CUDA=OFF \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
   -DCOALESCE_PYTHON="$python" \
   -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null

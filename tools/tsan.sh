@@ -45,8 +45,14 @@ t0=$SECONDS
 # --- Abseil's synchronization, instrumented ---------------------------------
 absl=$root/$build/absl
 absl_flags="-O2 -g1 -fsanitize=thread"
-# The libraries built with TSan; every other libabsl_* stays Debian's.
-absl_libs=(synchronization graphcycles_internal malloc_internal base spinlock_wait)
+# The libraries built with TSan; every other libabsl_* stays Debian's. Each
+# one that takes an absl SpinLock must be among them: SpinLock::Lock is
+# inline, and an uninstrumented caller (Debian's libabsl_time, whose Now()
+# takes one on its slow path) entering the instrumented SlowLock breaks
+# TSan's own bookkeeping ("CHECK failed: ... ignore_sync"). Those are time
+# (clock.cc), cordz_info and cordz_handle, and random_internal_pool_urbg.
+absl_libs=(synchronization graphcycles_internal malloc_internal base spinlock_wait time cordz_info
+           cordz_handle random_internal_pool_urbg)
 absl_version=$(dpkg-query -W -f='${source:Version}' libabsl-dev)
 stamp="abseil $absl_version; CXXFLAGS $absl_flags; C++17; shared; ${absl_libs[*]}"
 multiarch=$(gcc -print-multiarch)
@@ -120,7 +126,9 @@ shim=$root/$build/tsan_grpc-$(sha1sum tools/tsan_grpc.c | cut -c1-12).o
 # --disable-new-dtags: an RPATH (unlike a RUNPATH) also serves the
 # dependencies of the libraries, here libgrpc's and libgpr's on Abseil.
 link="-fsanitize=thread -Wl,--disable-new-dtags -Wl,-rpath,$absl/lib $shim"
+# -g1: line tables are all ThreadSanitizer's reports need, and compile faster.
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOALESCE_CUDA=OFF \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
   -DCOALESCE_PYTHON="$python" \
   -DCMAKE_CXX_FLAGS="-fsanitize=thread -fno-omit-frame-pointer" \
   -DCMAKE_C_FLAGS="-fsanitize=thread -fno-omit-frame-pointer" \
