@@ -53,11 +53,7 @@ class PressureTest : public ::testing::TestWithParam<bool> {
     return r;
   }
   std::shared_ptr<Collector> Submit(GenerationRequest request, uint64_t* id = nullptr) {
-    auto sink = std::make_shared<Collector>();
-    absl::StatusOr<uint64_t> submitted = loop_->Submit(std::move(request), sink);
-    EXPECT_TRUE(submitted.ok()) << submitted.status();
-    if (id != nullptr && submitted.ok()) *id = *submitted;
-    return sink;
+    return SubmitCollected(*loop_, std::move(request), id);
   }
   // Ticks until every sink finished (at most `limit` ticks).
   void RunUntilFinished(const std::vector<std::shared_ptr<Collector>>& sinks, int limit = 1000) {

@@ -36,11 +36,7 @@ class EngineLoopTest : public ::testing::TestWithParam<bool> {
     loop_->Start();
   }
   std::shared_ptr<Collector> Submit(GenerationRequest request, uint64_t* id = nullptr) {
-    auto sink = std::make_shared<Collector>();
-    absl::StatusOr<uint64_t> submitted = loop_->Submit(std::move(request), sink);
-    EXPECT_TRUE(submitted.ok()) << submitted.status();
-    if (id != nullptr && submitted.ok()) *id = *submitted;
-    return sink;
+    return SubmitCollected(*loop_, std::move(request), id);
   }
   void ExpectAllBlocksFree() {
     // Stats are published at the end of each iteration; give it a moment.

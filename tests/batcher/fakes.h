@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -257,5 +258,17 @@ class Collector : public OutputSink {
   int wanted_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<StreamUpdate> final_ ABSL_GUARDED_BY(mu_);
 };
+
+// Submits `request` to `loop` (an EngineLoop) with a new Collector as its
+// sink, expecting it to be taken; its id goes to `id` when given.
+template <typename Loop>
+std::shared_ptr<Collector> SubmitCollected(Loop& loop, GenerationRequest request,
+                                           uint64_t* id = nullptr) {
+  auto sink = std::make_shared<Collector>();
+  absl::StatusOr<uint64_t> submitted = loop.Submit(std::move(request), sink);
+  EXPECT_TRUE(submitted.ok()) << submitted.status();
+  if (id != nullptr && submitted.ok()) *id = *submitted;
+  return sink;
+}
 
 }  // namespace coalesce::batcher

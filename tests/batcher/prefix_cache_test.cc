@@ -66,11 +66,7 @@ class PrefixCacheTest : public ::testing::Test {
     return r;
   }
   std::shared_ptr<Collector> Submit(GenerationRequest request, uint64_t* id = nullptr) {
-    auto sink = std::make_shared<Collector>();
-    absl::StatusOr<uint64_t> submitted = loop_->Submit(std::move(request), sink);
-    EXPECT_TRUE(submitted.ok()) << submitted.status();
-    if (id != nullptr && submitted.ok()) *id = *submitted;
-    return sink;
+    return SubmitCollected(*loop_, std::move(request), id);
   }
   void Tick() {
     loop_->Tick();
