@@ -141,12 +141,17 @@ t2=$SECONDS
 for bin in coalesce-server batcher_tests service_tests common_tests; do
   loaded=$(ldd "$build/bin/$bin")
   for lib in "${absl_libs[@]}"; do
-    if ! grep -q "libabsl_$lib\.so.* => $absl/lib/" <<<"$loaded"; then
+    # Each of them that the binary loads at all must be ours.
+    line=$(grep "libabsl_$lib\.so" <<<"$loaded" || true)
+    [[ -n $line ]] || continue
+    if ! grep -q "=> $absl/lib/" <<<"$line"; then
       echo "tsan: $bin does not load libabsl_$lib from $absl/lib:" >&2
-      grep "libabsl_$lib\." <<<"$loaded" >&2
+      echo "$line" >&2
       exit 1
     fi
   done
+  grep -q "libabsl_synchronization\.so.* => $absl/lib/" <<<"$loaded" ||
+    { echo "tsan: $bin does not load the instrumented libabsl_synchronization" >&2; exit 1; }
 done
 
 # --- The tests ---------------------------------------------------------------
