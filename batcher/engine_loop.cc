@@ -445,8 +445,12 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
   // 4. Plan: preemptions, then the chunk of every sequence in the step.
   plan_input_.clear();
   for (const auto& seq : running_) {
-    int released = 0;
-    for (const int32_t id : seq->blocks) released += blocks_.refs(id) == 1 ? 1 : 0;
+    // Without caching no block is shared: all of them (-1).
+    int released = -1;
+    if (options_.prefix_caching) {
+      released = 0;
+      for (const int32_t id : seq->blocks) released += blocks_.refs(id) == 1 ? 1 : 0;
+    }
     plan_input_.push_back({seq->num_cached, seq->pending(), seq->prefilling(),
                            static_cast<int>(seq->blocks.size()), seq->request.priority, released});
   }
