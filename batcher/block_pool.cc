@@ -122,6 +122,13 @@ bool BlockPool::Register(int32_t id, const BlockHash& hash) {
   return true;
 }
 
+void BlockPool::Share(std::span<const int32_t> blocks) {
+  for (const int32_t id : blocks) {
+    assert(id >= 0 && id < num_total() && refs_[id] > 0);
+    ++refs_[id];
+  }
+}
+
 void BlockPool::Release(std::span<const int32_t> blocks) {
   for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
     const int32_t id = *it;

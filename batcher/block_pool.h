@@ -87,6 +87,10 @@ class BlockPool {
   // registered under that hash already. Returns whether it registered.
   bool Register(int32_t id, const BlockHash& hash);
 
+  // Takes one more reference to each block, all held already (sequences
+  // that fork from one prompt share its blocks).
+  void Share(std::span<const int32_t> blocks);
+
   // Lets go of one reference to each block, from the last to the first.
   void Release(std::span<const int32_t> blocks);
 

@@ -9,14 +9,34 @@
 
 namespace coalesce::batcher {
 
-// A request from arrival to its last token. Owned by the loop thread once it
-// leaves the inbox.
+// What the samples of one request (GenerationRequest::n > 1) share once
+// they run apart: the request ends, for the observer, with its last sample.
+struct EngineLoop::Group {
+  explicit Group(int samples) : unfinished(samples) {}
+  int unfinished;             // samples without their final update
+  int completion_tokens = 0;  // of the finished ones
+  std::string status = "ok";  // the first error's, if any
+  bool first_token = false;   // reported
+};
+
+// A request from arrival to its last token, or one of its samples. Owned by
+// the loop thread once it leaves the inbox.
+//
+// Several samples. The request first runs as one sequence with `samples` > 1
+// that computes all of its prompt but the last token. Then it forks (Fork):
+// it becomes sample 0, and each other sample is a new sequence with the same
+// id that shares the prompt's full blocks and holds one block of its own,
+// reserved at admission, for the rest: a copy of the partly filled last
+// block (Backend::CopyBlocks), or, on a backend that cannot copy, the same
+// positions computed again. Every sample then computes the prompt's last
+// token itself and samples from its own generator.
 struct EngineLoop::Sequence {
-  Sequence(uint64_t id, GenerationRequest req, std::shared_ptr<OutputSink> out)
+  Sequence(uint64_t id, GenerationRequest req, std::shared_ptr<OutputSink> out, int index = 0)
       : id(id),
         request(std::move(req)),
         sink(std::move(out)),
-        rng(request.seed),
+        index(index),
+        rng(request.seed + static_cast<uint64_t>(index)),
         tokens(request.prompt),
         prefill_end(static_cast<int>(tokens.size())) {}
 
@@ -24,14 +44,33 @@ struct EngineLoop::Sequence {
   // preemption), or the one token sampled last.
   int pending() const { return static_cast<int>(tokens.size()) - num_cached; }
   bool prefilling() const { return num_cached < prefill_end; }
+  // The blocks it must take to run: its tokens', and before a fork also the
+  // prompt's last position and one for each other sample.
+  int BlocksToAdmit(int block_size) const {
+    const int len = static_cast<int>(tokens.size());
+    return samples == 1 ? BlocksForTokens(len, block_size)
+                        : BlocksForTokens(len + 1, block_size) + samples - 1;
+  }
+  // How many leading full blocks it may take from the prefix cache: all but
+  // the one holding its last token, which it must compute for its logits;
+  // before a fork, all (each sample computes the prompt's last token).
+  int MatchLimit(int block_size) const {
+    const int len = static_cast<int>(tokens.size());
+    return samples == 1 ? (len - 1) / block_size : len / block_size;
+  }
 
   const uint64_t id;
   const GenerationRequest request;
   const std::shared_ptr<OutputSink> sink;
+  const int index;  // the sample
   engine::Rng rng;
-  std::vector<int32_t> tokens;  // [prompt + generated]
-  int num_cached = 0;           // leading tokens whose K/V are in the cache
-  int prefill_end;              // tokens before this are prefill work
+  int samples = 1;               // > 1: the request before its fork (see above)
+  std::shared_ptr<Group> group;  // after a fork; null for a single sample
+  std::vector<int32_t> reserve;  // before a fork: a block for each other sample
+  bool shares_blocks = false;    // forked: holds blocks its siblings hold
+  std::vector<int32_t> tokens;   // [prompt + generated]
+  int num_cached = 0;            // leading tokens whose K/V are in the cache
+  int prefill_end;               // tokens before this are prefill work
   int generated = 0;
   std::vector<int32_t> blocks;  // KV blocks in position order
   // With prefix caching: the chain root of its salt, the hashes of its full
@@ -105,6 +144,7 @@ EngineLoop::EngineLoop(engine::Backend* backend, const engine::Tokenizer* tokeni
       block_size_(backend->kv_cache().block_size),
       total_blocks_(backend->kv_cache().num_blocks),
       kv_bytes_per_token_(backend->kv_bytes_per_token()),
+      copies_blocks_(backend->capabilities().copies_blocks),
       blocks_(backend->kv_cache().num_blocks, options.prefix_caching),
       prefix_root_(PrefixRoot(options.prefix_cache_namespace, "")),
       step_thread_(options.overlap_steps ? std::make_unique<StepThread>() : nullptr) {}
@@ -118,10 +158,19 @@ void EngineLoop::Start() {
 
 absl::StatusOr<uint64_t> EngineLoop::Submit(GenerationRequest request,
                                             std::shared_ptr<OutputSink> sink) {
-  // The whole sequence must fit the cache on its own, or it could never
-  // finish: preemption makes room only by sending others away.
+  if (request.prompt.empty()) return absl::InvalidArgumentError("the prompt has no tokens");
+  if (request.n < 1 || request.n > options_.scheduler.max_batch_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "n = ", request.n, " samples: at least 1, and the samples run together, so at most the ",
+        options_.scheduler.max_batch_size, " sequences the server batches (max_batch_size)"));
+  }
+  // Each sample must fit the cache on its own, or it could never finish:
+  // preemption makes room only by sending others away. And the prompt must
+  // fit with a block for each other sample, to fork.
   const int tokens = static_cast<int>(request.prompt.size()) + request.max_new_tokens;
-  if (BlocksForTokens(tokens, block_size_) > total_blocks_) {
+  if (BlocksForTokens(tokens, block_size_) > total_blocks_ ||
+      BlocksForTokens(static_cast<int>(request.prompt.size()), block_size_) + request.n - 1 >
+          total_blocks_) {
     if (observer_ != nullptr) observer_->OnRejected("too_long");
     return absl::ResourceExhaustedError(absl::StrCat(
         "the request needs ", tokens, " tokens of KV cache (prompt ", request.prompt.size(),
@@ -143,6 +192,12 @@ absl::StatusOr<uint64_t> EngineLoop::Submit(GenerationRequest request,
   }
   const uint64_t id = next_id_++;
   auto seq = std::make_unique<Sequence>(id, std::move(request), std::move(sink));
+  if (seq->request.n > 1) {
+    // Everything but the last token, computed once (see Sequence).
+    seq->samples = seq->request.n;
+    seq->tokens.pop_back();
+    seq->prefill_end = static_cast<int>(seq->tokens.size());
+  }
   if (options_.prefix_caching) {
     seq->prefix_root = seq->request.cache_salt.empty()
                            ? prefix_root_
@@ -177,7 +232,11 @@ QueueStats EngineLoop::queue_stats() const {
 
 LoopSnapshot EngineLoop::Snapshot() const {
   LoopSnapshot snapshot;
-  for (const auto& seq : running_) snapshot.running.push_back({seq->id, seq->blocks});
+  for (const auto& seq : running_) {
+    LoopSnapshot::Seq s{seq->id, seq->blocks};
+    s.blocks.insert(s.blocks.end(), seq->reserve.begin(), seq->reserve.end());
+    snapshot.running.push_back(std::move(s));
+  }
   for (const PaddingRow& row : padding_) snapshot.running.push_back({row.id, row.blocks});
   for (const auto& seq : waiting_) snapshot.waiting.push_back(seq->id);
   snapshot.free_blocks = blocks_.AvailableIds();
@@ -259,13 +318,13 @@ bool EngineLoop::Tick() {
 
 void EngineLoop::ApplyCancels(std::vector<std::pair<uint64_t, absl::Status>> cancels) {
   for (auto& [id, status] : cancels) {
+    // Every sample of the request: some may wait (preempted) while others run.
     auto matches = [id = id](const std::unique_ptr<Sequence>& s) { return s->id == id; };
     for (auto* queue : {&waiting_, &running_}) {
-      auto it = std::find_if(queue->begin(), queue->end(), matches);
-      if (it == queue->end()) continue;
-      FinishWithError(**it, status);
-      queue->erase(it);
-      break;
+      for (auto& seq : *queue) {
+        if (matches(seq)) FinishWithError(*seq, status);
+      }
+      std::erase_if(*queue, matches);
     }
   }
 }
@@ -325,15 +384,13 @@ Decision EngineLoop::ScheduleAndAdmit(absl::Time now) {
     // others come out of the available ones either way.
     int shared = 0;
     if (options_.prefix_caching) {
-      const int len = static_cast<int>(seq->tokens.size());
       ExtendBlockHashes(seq->prefix_root, seq->tokens, block_size_, seq->hashes);
       blocks_.Match(std::span(seq->hashes)
-                        .first(std::min<size_t>(seq->hashes.size(), (len - 1) / block_size_)),
+                        .first(std::min<size_t>(seq->hashes.size(), seq->MatchLimit(block_size_))),
                     &shared);
     }
-    waiting.push_back({seq->id, seq->request.arrival,
-                       BlocksForTokens(static_cast<int>(seq->tokens.size()), block_size_) - shared,
-                       seq->request.priority, seq->request.deadline, seq->preempted});
+    waiting.push_back({seq->id, seq->request.arrival, seq->BlocksToAdmit(block_size_) - shared,
+                       seq->request.priority, seq->request.deadline, seq->preempted, seq->samples});
   }
   const QueueState state{waiting, static_cast<int>(running_.size()),
                          std::max(0, blocks_.num_available() - imminent)};
@@ -372,12 +429,15 @@ Decision EngineLoop::ScheduleAndAdmit(absl::Time now) {
       if (observer_ != nullptr && options_.prefix_caching) {
         observer_->OnPrefixCacheLookup(static_cast<int>(seq->tokens.size()), seq->num_cached);
       }
-      seq->text.emplace(*tokenizer_, seq->tokens.back(), seq->request.stop);
+      if (seq->samples == 1) seq->text.emplace(*tokenizer_, seq->tokens.back(), seq->request.stop);
       if (observer_ != nullptr) {
         observer_->OnAdmitted(now - seq->request.arrival, seq->window_wait);
       }
     }
     running_.push_back(std::move(seq));
+    // Samples whose shared part is all cached already (or empty) part now.
+    Sequence& last = *running_.back();
+    if (last.samples > 1 && last.pending() == 0) Fork(last);
   }
   std::erase(waiting_, nullptr);
   if (observer_ != nullptr && admitted > 0) observer_->OnAdmission(admitted);
@@ -385,15 +445,15 @@ Decision EngineLoop::ScheduleAndAdmit(absl::Time now) {
 }
 
 bool EngineLoop::TakeBlocks(Sequence& seq) {
-  const int len = static_cast<int>(seq.tokens.size());
-  const int needed = BlocksForTokens(len, block_size_);
+  const int needed = seq.BlocksToAdmit(block_size_);
+  const int reserve = seq.samples - 1;
   int matched = 0;
   std::vector<int32_t> blocks;
   if (options_.prefix_caching) {
-    // At least the last token is computed, so that it has logits.
     ExtendBlockHashes(seq.prefix_root, seq.tokens, block_size_, seq.hashes);
     const auto lookup =
-        std::span(seq.hashes).first(std::min<size_t>(seq.hashes.size(), (len - 1) / block_size_));
+        std::span(seq.hashes)
+            .first(std::min<size_t>(seq.hashes.size(), seq.MatchLimit(block_size_)));
     matched = blocks_.Match(lookup);
     // Taken first, so that allocating the rest cannot evict them.
     blocks = blocks_.Take(lookup, matched);
@@ -403,7 +463,8 @@ bool EngineLoop::TakeBlocks(Sequence& seq) {
     blocks_.Release(blocks);
     return false;
   }
-  blocks.insert(blocks.end(), rest->begin(), rest->end());
+  blocks.insert(blocks.end(), rest->begin(), rest->end() - reserve);
+  seq.reserve.assign(rest->end() - reserve, rest->end());
   seq.blocks = std::move(blocks);
   seq.registered = matched;
   seq.num_cached = matched * block_size_;
@@ -422,9 +483,59 @@ void EngineLoop::RegisterFullBlocks(Sequence& seq) {
 }
 
 void EngineLoop::ReleaseBlocks(Sequence& seq) {
+  blocks_.Release(seq.reserve);
+  seq.reserve.clear();
   blocks_.Release(seq.blocks);
   seq.blocks.clear();
   seq.registered = 0;
+}
+
+void EngineLoop::Fork(Sequence& parent) {
+  const int computed = static_cast<int>(parent.tokens.size());  // the prompt but its last token
+  const int full = computed / block_size_;                      // blocks the samples share
+  const bool partial = computed % block_size_ != 0;             // block `full` is partly filled
+  const int n = parent.samples;
+  parent.samples = 1;
+  parent.group = std::make_shared<Group>(n);
+  parent.shares_blocks = true;
+  parent.tokens.push_back(parent.request.prompt.back());
+  parent.prefill_end = static_cast<int>(parent.tokens.size());
+  parent.text.emplace(*tokenizer_, parent.tokens.back(), parent.request.stop);
+
+  std::vector<std::unique_ptr<Sequence>> children;
+  std::vector<engine::BlockCopy> copies;
+  for (int i = 1; i < n; ++i) {
+    auto child = std::make_unique<Sequence>(parent.id, parent.request, parent.sink, i);
+    child->blocks.assign(parent.blocks.begin(), parent.blocks.begin() + full);
+    blocks_.Share(child->blocks);
+    child->blocks.push_back(parent.reserve[i - 1]);
+    if (partial) copies.push_back({.from = parent.blocks[full], .to = child->blocks.back()});
+    child->num_cached = computed;
+    child->prefix_root = parent.prefix_root;
+    child->hashes = parent.hashes;
+    child->registered = std::min(parent.registered, full);
+    child->cached_prompt_tokens = parent.cached_prompt_tokens;
+    child->group = parent.group;
+    child->shares_blocks = true;
+    child->text.emplace(*tokenizer_, child->tokens.back(), child->request.stop);
+    children.push_back(std::move(child));
+  }
+  parent.reserve.clear();
+  if (!copies.empty()) {
+    const absl::Status copied =
+        copies_blocks_ ? backend_->CopyBlocks(copies) : absl::UnimplementedError("no CopyBlocks");
+    if (!copied.ok()) {
+      // The partly filled block's positions are computed again instead.
+      if (copies_blocks_)
+        Log(LogLevel::kWarning, absl::StrCat("KV block copy failed: ", copied.ToString()));
+      for (auto& child : children) child->num_cached = full * block_size_;
+    }
+  }
+  // The samples follow their parent in admission order.
+  auto at = std::find_if(running_.begin(), running_.end(),
+                         [&parent](const auto& seq) { return seq.get() == &parent; });
+  running_.insert(at + 1, std::make_move_iterator(children.begin()),
+                  std::make_move_iterator(children.end()));
 }
 
 void EngineLoop::Preempt(std::unique_ptr<Sequence>& slot) {
@@ -445,14 +556,15 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
   // 4. Plan: preemptions, then the chunk of every sequence in the step.
   plan_input_.clear();
   for (const auto& seq : running_) {
-    // Without caching no block is shared: all of them (-1).
+    // Without caching or samples no block is shared: all of them (-1).
+    const int held = static_cast<int>(seq->blocks.size() + seq->reserve.size());
     int released = -1;
-    if (options_.prefix_caching) {
-      released = 0;
+    if (options_.prefix_caching || seq->shares_blocks) {
+      released = static_cast<int>(seq->reserve.size());
       for (const int32_t id : seq->blocks) released += blocks_.refs(id) == 1 ? 1 : 0;
     }
-    plan_input_.push_back({seq->num_cached, seq->pending(), seq->prefilling(),
-                           static_cast<int>(seq->blocks.size()), seq->request.priority, released});
+    plan_input_.push_back({seq->num_cached, seq->pending(), seq->prefilling(), held,
+                           seq->request.priority, released});
   }
   const StepPlan plan =
       PlanStep(plan_input_, blocks_.num_available(), block_size_, options_.max_batch_tokens);
@@ -501,7 +613,7 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
       continue;
     }
     Sequence& seq = *step_owner_[i];
-    if (seq.pending() == step_seqs_[i].num_tokens) {
+    if (seq.pending() == step_seqs_[i].num_tokens && seq.samples == 1) {
       spec.params = seq.request.sampling;
       if (spec.params.temperature > 0.0f) spec.uniform = seq.rng.NextFloat();
     }
@@ -556,6 +668,10 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
     seq.num_cached += step_seqs_[i].num_tokens;
     RegisterFullBlocks(seq);
     if (seq.pending() > 0) continue;  // a prompt chunk; more follow
+    if (seq.samples > 1) {
+      Fork(seq);  // the shared part is done; the samples take it from here
+      continue;
+    }
     ++stats.generated_tokens;
     Emit(seq, step_next_[i], now);
   }
@@ -575,7 +691,10 @@ void EngineLoop::Emit(Sequence& seq, int32_t token, absl::Time now) {
   ++seq.generated;
   if (observer_ != nullptr) {
     if (seq.generated == 1) {
-      observer_->OnFirstToken(now - seq.request.arrival);
+      // A request's first token, whichever sample makes it.
+      if (seq.group == nullptr || !std::exchange(seq.group->first_token, true)) {
+        observer_->OnFirstToken(now - seq.request.arrival);
+      }
     } else {
       observer_->OnInterToken(now - seq.last_token_at);
     }
@@ -584,6 +703,7 @@ void EngineLoop::Emit(Sequence& seq, int32_t token, absl::Time now) {
 
   engine::TextStream::Piece piece = seq.text->Push(token);
   StreamUpdate update;
+  update.index = seq.index;
   update.token_ids.push_back(token);
   update.text = std::move(piece.text);
   const auto eos = tokenizer_->eos_ids();
@@ -628,6 +748,7 @@ void EngineLoop::FlushDeliveries() {
 void EngineLoop::Finish(Sequence& seq, StreamUpdate update) {
   ReleaseBlocks(seq);
   seq.done = true;
+  update.index = seq.index;
   update.finished = true;
   update.prompt_tokens = static_cast<int>(seq.request.prompt.size());
   update.completion_tokens = seq.generated;
@@ -639,8 +760,23 @@ void EngineLoop::Finish(Sequence& seq, StreamUpdate update) {
   summary.prompt_tokens = update.prompt_tokens;
   summary.completion_tokens = update.completion_tokens;
   summary.duration = clock_->Now() - seq.request.arrival;
+  // Before its fork, a request ends all of its samples at once.
+  for (int i = 1; i < seq.samples; ++i) {
+    StreamUpdate sample = update;
+    sample.index = i;
+    Deliver(seq, std::move(sample));
+  }
   Deliver(seq, std::move(update));
-  if (observer_ != nullptr) observer_->OnFinished(summary);
+  if (observer_ == nullptr) return;
+  if (Group* group = seq.group.get(); group != nullptr) {
+    // The request ends with its last sample.
+    group->completion_tokens += summary.completion_tokens;
+    if (group->status == "ok") group->status = summary.status;
+    if (--group->unfinished > 0) return;
+    summary.status = group->status;
+    summary.completion_tokens = group->completion_tokens;
+  }
+  observer_->OnFinished(summary);
 }
 
 void EngineLoop::FinishWithError(Sequence& seq, absl::Status status) {

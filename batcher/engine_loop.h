@@ -22,6 +22,10 @@
 // So no request waits for the longest one in its batch, new requests join at
 // every step boundary, and a long prompt cannot stall the others' tokens.
 //
+// A request for several samples (GenerationRequest::n) is admitted with a
+// slot for each, computes its prompt once, and then runs as one sequence
+// per sample that shares the prompt's KV blocks (engine_loop.cc, Sequence).
+//
 // A failed step ends the requests of that step with INTERNAL and the loop
 // goes on. A step that fails with engine::kDeviceLostCode means no step can
 // ever run again: the loop then also ends every other request (INTERNAL for
@@ -125,15 +129,17 @@ class EngineLoop {
   void Start();
 
   // Queues a request. On success the loop owns it and will Deliver a final
-  // update to `sink` exactly once; the returned id names it for Cancel. On
-  // error nothing was queued and `sink` is never called: UNAVAILABLE after
-  // Stop or once the device is lost; RESOURCE_EXHAUSTED when the queue is
-  // full or the request could never fit the KV cache.
+  // update to `sink` exactly once for each of its samples; the returned id
+  // names it (all its samples) for Cancel. On error nothing was queued and
+  // `sink` is never called: UNAVAILABLE after Stop or once the device is
+  // lost; RESOURCE_EXHAUSTED when the queue is full or the request could
+  // never fit the KV cache; INVALID_ARGUMENT for an empty prompt or n
+  // outside [1, max_batch_size].
   absl::StatusOr<uint64_t> Submit(GenerationRequest request, std::shared_ptr<OutputSink> sink);
 
   // Ends the request within one step with `status` (e.g. CANCELLED): its
-  // slot and blocks are freed and its sink gets a final update. Unknown or
-  // already finished ids are ignored.
+  // slots and blocks are freed and its sink gets a final update for each
+  // sample not yet finished. Unknown or already finished ids are ignored.
   void Cancel(uint64_t id, absl::Status status);
 
   // Stops taking requests, ends everything still queued or running with
@@ -152,6 +158,7 @@ class EngineLoop {
   LoopSnapshot Snapshot() const;
 
  private:
+  struct Group;
   struct Sequence;
 
   bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -162,6 +169,9 @@ class EngineLoop {
   void ExpireRunning(absl::Time now);
   Decision ScheduleAndAdmit(absl::Time now);
   void RunStep(StepStats& stats, int& preempted);
+  // A request with several samples has computed the part they share: it
+  // becomes sample 0 and the others join running_ after it (see Sequence).
+  void Fork(Sequence& parent);
   // Sends a running sequence back to the queue, leaving `slot` empty (the
   // caller closes the hole in running_).
   void Preempt(std::unique_ptr<Sequence>& slot);
@@ -197,6 +207,7 @@ class EngineLoop {
   const int block_size_;
   const int total_blocks_;
   const int64_t kv_bytes_per_token_;
+  const bool copies_blocks_;  // the backend's CopyBlocks works
 
   // ---- Shared with Submit/Cancel callers --------------------------------
   mutable absl::Mutex mu_;

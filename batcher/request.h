@@ -24,13 +24,20 @@ struct GenerationRequest {
   absl::Time deadline = absl::InfiniteFuture();  // DEADLINE_EXCEEDED after this
   // Requests share cached prompt blocks only with requests of the same salt.
   std::string cache_salt;
+  // Samples of the prompt: the prompt is computed once and its KV blocks
+  // shared; sample i then draws from its own generator, seeded seed + i
+  // (so it produces what a request with that seed would), and has its own
+  // stop, finish and updates (StreamUpdate::index). At least 1, at most the
+  // loop's max_batch_size: the samples are admitted together.
+  int n = 1;
 };
 
 enum class FinishReason { kLength, kStop, kEos, kCancelled };
 
-// One batch of output for one request. Every update but the last has
-// finished == false.
+// One batch of output for one sample of a request. Every update of a sample
+// but its last has finished == false.
 struct StreamUpdate {
+  int index = 0;                   // the sample (GenerationRequest::n)
   std::vector<int32_t> token_ids;  // new since the previous update
   std::string text;                // new valid UTF-8 text
   bool finished = false;
@@ -44,8 +51,9 @@ struct StreamUpdate {
 };
 
 // Where a request's output goes. Called on the engine thread: it must not
-// block (append to an outbox and return). Deliver is never called again
-// after an update with finished == true.
+// block (append to an outbox and return). Each of a request's n samples gets
+// exactly one update with finished == true, its last; Deliver is never
+// called again after the n-th.
 class OutputSink {
  public:
   virtual ~OutputSink() = default;

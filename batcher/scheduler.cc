@@ -112,8 +112,10 @@ Decision Scheduler::Schedule(const QueueState& state, absl::Time now) const {
   absl::Time oldest = absl::InfiniteFuture();
   for (const WaitingRequest* r : line) oldest = std::min(oldest, r->arrival);
   const absl::Time window_end = oldest + config_.batch_window;
+  int slots_wanted = 0;
+  for (const WaitingRequest* r : line) slots_wanted += r->slots;
   const bool window_closed = config_.batch_window <= absl::ZeroDuration() ||
-                             static_cast<int>(line.size()) >= free_slots || now >= window_end;
+                             slots_wanted >= free_slots || now >= window_end;
   if (!window_closed) {
     decision.hold = HoldReason::kWindowOpen;
     reconsider(window_end);
@@ -122,8 +124,9 @@ Decision Scheduler::Schedule(const QueueState& state, absl::Time now) const {
 
   // 5. Admit in order while slots and KV blocks last.
   int blocks_left = state.free_blocks;
+  int slots_left = free_slots;
   for (const auto& [priority, request] : order) {
-    if (static_cast<int>(decision.admit.size()) == free_slots) {
+    if (request->slots > slots_left) {
       decision.hold = HoldReason::kNoFreeSlot;
       break;
     }
@@ -131,6 +134,7 @@ Decision Scheduler::Schedule(const QueueState& state, absl::Time now) const {
       decision.hold = HoldReason::kNoFreeBlocks;
       break;
     }
+    slots_left -= request->slots;
     blocks_left -= request->blocks_needed;
     decision.admit.push_back(position(request));
   }

@@ -22,11 +22,12 @@
 //   Otherwise the waiting requests are admitted, in the order above, as
 //   soon as ONE of these holds:
 //     (a) the window is 0 (coalescing disabled);
-//     (b) the waiting requests alone can fill every free slot;
+//     (b) the waiting requests alone can fill every free slot (a request
+//         with several samples takes a slot for each);
 //     (c) the oldest waiting request has waited `batch_window`.
 //   Until then the decision says "reconsider at oldest arrival + window".
-//   Admission takes requests in order while a slot is free and the KV-cache
-//   blocks the request needs now (its prompt) are free; it stops at the
+//   Admission takes requests in order while the request's slots and the
+//   KV-cache blocks it needs now (its prompt) are free; it stops at the
 //   first request that does not fit (no overtaking, so a large request
 //   cannot starve).
 //
@@ -72,6 +73,7 @@ struct WaitingRequest {
   int priority = 0;       // higher first
   absl::Time deadline = absl::InfiniteFuture();
   bool preempted = false;  // admitted before: exempt from max_queue_wait
+  int slots = 1;           // batch slots it takes: its samples (GenerationRequest::n)
 };
 
 struct QueueState {

@@ -114,6 +114,30 @@ absl::Status ValidateStep(const ModelConfig& config, const KvCacheConfig& kv,
   return status;
 }
 
+absl::Status ValidateBlockCopies(const KvCacheConfig& kv, std::span<const BlockCopy> copies) {
+  auto in_range = [&kv](int32_t id) { return id >= 0 && id < kv.num_blocks; };
+  for (const BlockCopy& c : copies) {
+    if (!in_range(c.from) || !in_range(c.to)) {
+      return absl::InvalidArgumentError(absl::StrCat("block copy ", c.from, " -> ", c.to,
+                                                     ": the pool has ", kv.num_blocks, " blocks"));
+    }
+  }
+  for (const BlockCopy& c : copies) {
+    for (const BlockCopy& d : copies) {
+      if (c.to == d.from || (&c != &d && c.to == d.to)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("block ", c.to, " is written by one copy and read or written by another"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Backend::CopyBlocks(std::span<const BlockCopy> copies) {
+  return absl::UnimplementedError(
+      absl::StrCat("the ", std::string(name()), " backend does not copy KV blocks"));
+}
+
 absl::Status CheckSampleSizes(const StepBatch& batch, size_t num_specs, size_t num_tokens) {
   if (num_specs != batch.seqs.size() || num_tokens != batch.seqs.size()) {
     return absl::InvalidArgumentError(absl::StrCat("StepAndSample: ", batch.seqs.size(),

@@ -91,7 +91,19 @@ struct BackendCapabilities {
   // A step takes long enough that running it on a thread of its own, while
   // the previous step's tokens are streamed, pays for the handoff.
   bool overlap_pays = true;
+  // CopyBlocks copies KV blocks (else it is UNIMPLEMENTED).
+  bool copies_blocks = false;
 };
+
+// One KV block to copy (Backend::CopyBlocks).
+struct BlockCopy {
+  int32_t from = 0;
+  int32_t to = 0;
+};
+
+// Checks copies before a backend runs them: ids within the pool, and no block
+// both copied from and written to (so the copies' order cannot matter).
+absl::Status ValidateBlockCopies(const KvCacheConfig& kv, std::span<const BlockCopy> copies);
 
 class Backend {
  public:
@@ -110,6 +122,15 @@ class Backend {
   // device, so that only token ids cross to the host.
   virtual absl::Status StepAndSample(const StepBatch& batch, std::span<const SampleSpec> sampling,
                                      std::span<int32_t> tokens);
+
+  // Copies K and V of every layer, every position, from block `from` to
+  // block `to` of each copy: after every earlier step and before every later
+  // one. Sequences that share a prompt share its full blocks and each copy
+  // the partly filled last one before writing to it. The default, for a
+  // backend whose capabilities do not say copies_blocks, is UNIMPLEMENTED,
+  // and the caller recomputes those positions instead. INVALID_ARGUMENT
+  // (ValidateBlockCopies) and nothing copied for bad ids.
+  virtual absl::Status CopyBlocks(std::span<const BlockCopy> copies);
 
   // Bytes of weights one step reads (the model's parameters at the precision
   // the backend holds them in) and bytes one token position takes in the KV

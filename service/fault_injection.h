@@ -25,6 +25,9 @@ class DeviceLossInjector : public engine::Backend {
   absl::Status StepAndSample(const engine::StepBatch& batch,
                              std::span<const engine::SampleSpec> sampling,
                              std::span<int32_t> tokens) override;
+  absl::Status CopyBlocks(std::span<const engine::BlockCopy> copies) override {
+    return inner_->CopyBlocks(copies);
+  }
   int64_t weight_bytes() const override { return inner_->weight_bytes(); }
   int64_t kv_bytes_per_token() const override { return inner_->kv_bytes_per_token(); }
   const engine::ModelConfig& config() const override { return inner_->config(); }

@@ -65,7 +65,19 @@ class CpuBackend final : public Backend {
   const KvCacheConfig& kv_cache() const override { return kv_; }
   std::string_view name() const override { return "cpu"; }
   BackendCapabilities capabilities() const override {
-    return {.runs_model = true, .weights_in_host_memory = true, .overlap_pays = true};
+    return {.runs_model = true,
+            .weights_in_host_memory = true,
+            .overlap_pays = true,
+            .copies_blocks = true};
+  }
+  absl::Status CopyBlocks(std::span<const BlockCopy> copies) override {
+    if (absl::Status s = ValidateBlockCopies(kv_, copies); !s.ok()) return s;
+    // A block's layers, K and V, are contiguous (see cache_).
+    const size_t block_floats = static_cast<size_t>(c_.n_layers) * 2 * kv_.block_size * c_.kv_dim();
+    for (const BlockCopy& c : copies) {
+      std::memcpy(Cache(c.to, 0, 0), Cache(c.from, 0, 0), block_floats * sizeof(float));
+    }
+    return absl::OkStatus();
   }
 
  private:

@@ -86,7 +86,14 @@ class NullBackend final : public Backend {
   std::string_view name() const override { return "null"; }
   // Its steps take no time: a handoff to a step thread would only cost.
   BackendCapabilities capabilities() const override {
-    return {.runs_model = false, .weights_in_host_memory = false, .overlap_pays = false};
+    return {.runs_model = false,
+            .weights_in_host_memory = false,
+            .overlap_pays = false,
+            .copies_blocks = true};
+  }
+  // It holds no KV memory: there is nothing to copy.
+  absl::Status CopyBlocks(std::span<const BlockCopy> copies) override {
+    return ValidateBlockCopies(kv_, copies);
   }
   std::string Describe() const override {
     return "null (NO ARITHMETIC: for measuring the server's own cost; output is meaningless; "

@@ -112,8 +112,10 @@ class CountingBackend : public engine::Backend {
 // before, so it stands for everything up to it, as K and V do, and it can
 // only be right if every block a sequence reads holds that sequence's own
 // history. The next token follows from the last position's number (never
-// kEos). Every step is checked with engine::ValidateStep, and reading a
-// position nobody wrote fails the test.
+// kEos): its logit is `top_logit`, every other one 0, so sampling at a
+// temperature can pick others. Every step is checked with
+// engine::ValidateStep, and reading a position nobody wrote fails the test.
+// It copies blocks (CopyBlocks) unless told it cannot.
 class KvBackend : public engine::Backend {
  public:
   KvBackend(int num_blocks, int block_size)
@@ -171,13 +173,29 @@ class KvBackend : public engine::Backend {
         cells_[Cell(seq, pos)] = number;
       }
       offset += seq.num_tokens;
-      logits[i * kVocab + Next(number)] = 10.0f;
+      logits[i * kVocab + Next(number)] = top_logit_;
+      if (never_eos_) logits[i * kVocab + kEos] = -1e9f;
     }
     return absl::OkStatus();
   }
+  absl::Status CopyBlocks(std::span<const engine::BlockCopy> copies) override {
+    if (!copies_) return Backend::CopyBlocks(copies);
+    if (absl::Status s = engine::ValidateBlockCopies(kv_, copies); !s.ok()) return s;
+    for (const engine::BlockCopy& c : copies) {
+      std::copy_n(&cells_[static_cast<size_t>(c.from) * kv_.block_size], kv_.block_size,
+                  &cells_[static_cast<size_t>(c.to) * kv_.block_size]);
+    }
+    copied_ += static_cast<int>(copies.size());
+    return absl::OkStatus();
+  }
+  engine::BackendCapabilities capabilities() const override { return {.copies_blocks = copies_}; }
   const engine::ModelConfig& config() const override { return config_; }
   const engine::KvCacheConfig& kv_cache() const override { return kv_; }
   std::string_view name() const override { return "kv"; }
+  bool copies_ = true;       // set before the loop is made: it asks once
+  float top_logit_ = 10.0f;  // the predicted token's logit
+  bool never_eos_ = false;   // sampling never picks kEos
+  int copied_ = 0;           // blocks copied
   std::vector<int> step_tokens() {
     absl::MutexLock lock(&mu_);
     return step_tokens_;
@@ -197,49 +215,56 @@ class KvBackend : public engine::Backend {
   std::vector<int> step_tokens_ ABSL_GUARDED_BY(mu_);
 };
 
-// Collects one request's updates.
+// Collects one request's updates, for each of its samples.
 class Collector : public OutputSink {
  public:
+  explicit Collector(int samples = 1) : streams_(samples) {}
   void Deliver(StreamUpdate update) override {
     absl::MutexLock lock(&mu_);
-    EXPECT_FALSE(final_.has_value()) << "update after the final one";
-    for (int32_t id : update.token_ids) ids_.push_back(id);
-    text_ += update.text;
+    ASSERT_GE(update.index, 0);
+    ASSERT_LT(update.index, static_cast<int>(streams_.size()));
+    Stream& stream = streams_[update.index];
+    EXPECT_FALSE(stream.final.has_value()) << "update after the final one";
+    for (int32_t id : update.token_ids) stream.ids.push_back(id);
+    stream.text += update.text;
     ++updates_;
-    if (update.finished) final_ = std::move(update);
+    if (update.finished) {
+      ++finals_;
+      stream.final = std::move(update);
+    }
   }
-  StreamUpdate WaitFinal() {
+  // Sample `index`'s final update, once every sample has one.
+  StreamUpdate WaitFinal(int index = 0) {
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](std::optional<StreamUpdate>* f) { return f->has_value(); }, &final_));
-    return *final_;
+    mu_.Await(absl::Condition(this, &Collector::AllFinal));
+    return *streams_[index].final;
   }
-  // The final update, or nothing if none came within `timeout`.
-  std::optional<StreamUpdate> WaitFinalFor(absl::Duration timeout) {
+  // The final update, or nothing if not every sample's came within `timeout`.
+  std::optional<StreamUpdate> WaitFinalFor(absl::Duration timeout, int index = 0) {
     absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(
-        absl::Condition(
-            +[](std::optional<StreamUpdate>* f) { return f->has_value(); }, &final_),
-        timeout);
-    return final_;
+    if (!mu_.AwaitWithTimeout(absl::Condition(this, &Collector::AllFinal), timeout)) {
+      return std::nullopt;
+    }
+    return streams_[index].final;
   }
+  // Every sample has its final update.
   bool finished() {
     absl::MutexLock lock(&mu_);
-    return final_.has_value();
+    return AllFinal();
   }
-  std::vector<int32_t> ids() {
+  std::vector<int32_t> ids(int index = 0) {
     absl::MutexLock lock(&mu_);
-    return ids_;
+    return streams_[index].ids;
   }
-  std::string text() {
+  std::string text(int index = 0) {
     absl::MutexLock lock(&mu_);
-    return text_;
+    return streams_[index].text;
   }
   int updates() {
     absl::MutexLock lock(&mu_);
     return updates_;
   }
-  // Waits until `n` updates have come, or the final one.
+  // Waits until `n` updates have come, or every final one.
   void WaitUpdates(int n) {
     absl::MutexLock lock(&mu_);
     wanted_ = n;
@@ -247,16 +272,23 @@ class Collector : public OutputSink {
   }
 
  private:
+  struct Stream {
+    std::vector<int32_t> ids;
+    std::string text;
+    std::optional<StreamUpdate> final;
+  };
+  bool AllFinal() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return finals_ == static_cast<int>(streams_.size());
+  }
   bool HasWanted() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return updates_ >= wanted_ || final_.has_value();
+    return updates_ >= wanted_ || AllFinal();
   }
 
   absl::Mutex mu_;
-  std::vector<int32_t> ids_ ABSL_GUARDED_BY(mu_);
-  std::string text_ ABSL_GUARDED_BY(mu_);
+  std::vector<Stream> streams_ ABSL_GUARDED_BY(mu_);
   int updates_ ABSL_GUARDED_BY(mu_) = 0;
+  int finals_ ABSL_GUARDED_BY(mu_) = 0;
   int wanted_ ABSL_GUARDED_BY(mu_) = 0;
-  std::optional<StreamUpdate> final_ ABSL_GUARDED_BY(mu_);
 };
 
 // Submits `request` to `loop` (an EngineLoop) with a new Collector as its
@@ -264,7 +296,7 @@ class Collector : public OutputSink {
 template <typename Loop>
 std::shared_ptr<Collector> SubmitCollected(Loop& loop, GenerationRequest request,
                                            uint64_t* id = nullptr) {
-  auto sink = std::make_shared<Collector>();
+  auto sink = std::make_shared<Collector>(request.n);
   absl::StatusOr<uint64_t> submitted = loop.Submit(std::move(request), sink);
   EXPECT_TRUE(submitted.ok()) << submitted.status();
   if (id != nullptr && submitted.ok()) *id = *submitted;

@@ -12,115 +12,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/batcher/fakes.h"
+#include "tests/batcher/kv_loop.h"
 
 namespace coalesce::batcher {
 namespace {
 
 using ::testing::ElementsAreArray;
 
-class LookupObserver : public LoopObserver {
- public:
-  void OnPreempted() override { ++preemptions; }
-  void OnPrefixCacheLookup(int prompt_tokens, int cached_tokens) override {
-    ++lookups;
-    looked_up += prompt_tokens;
-    found += cached_tokens;
-  }
-  int preemptions = 0, lookups = 0, looked_up = 0, found = 0;
-};
-
-struct LoopSetup {
-  int num_blocks = 32;
-  int block_size = 4;
-  int max_batch_size = 4;
-  int max_batch_tokens = 256;
-  bool overlap = false;
-  BatchingMode mode = BatchingMode::kContinuous;
-};
-
-class PrefixCacheTest : public ::testing::Test {
- protected:
-  void MakeLoop(LoopSetup setup, bool caching = true) {
-    EngineLoopOptions o;
-    o.scheduler.max_batch_size = setup.max_batch_size;
-    o.scheduler.batch_window = absl::ZeroDuration();
-    o.scheduler.priority_aging = absl::InfiniteDuration();
-    o.scheduler.mode = setup.mode;
-    o.max_batch_tokens = setup.max_batch_tokens;
-    o.overlap_steps = setup.overlap;
-    o.prefix_caching = caching;
-    o.prefix_cache_namespace = "kv-model";
-    loop_.reset();
-    backend_ = std::make_unique<KvBackend>(setup.num_blocks, setup.block_size);
-    observer_ = LookupObserver();
-    loop_ = std::make_unique<EngineLoop>(backend_.get(), &tokenizer_, o, &clock_, &observer_);
-  }
-  GenerationRequest Request(std::vector<int32_t> prompt, int max_new_tokens, std::string salt = "",
-                            int priority = 0) {
-    GenerationRequest r;
-    r.prompt = std::move(prompt);
-    r.max_new_tokens = max_new_tokens;
-    r.arrival = clock_.Now();
-    r.cache_salt = std::move(salt);
-    r.priority = priority;
-    return r;
-  }
-  std::shared_ptr<Collector> Submit(GenerationRequest request, uint64_t* id = nullptr) {
-    return SubmitCollected(*loop_, std::move(request), id);
-  }
-  void Tick() {
-    loop_->Tick();
-    CheckBlocks();
-  }
-  void RunUntilFinished(const std::vector<std::shared_ptr<Collector>>& sinks, int limit = 2000) {
-    for (int i = 0; i < limit; ++i) {
-      if (std::all_of(sinks.begin(), sinks.end(), [](auto& s) { return s->finished(); })) return;
-      Tick();
-    }
-    FAIL() << "not finished after " << limit << " ticks";
-  }
-  // Runs one request alone to its end; its final update.
-  StreamUpdate Run(GenerationRequest request) {
-    auto sink = Submit(std::move(request));
-    RunUntilFinished({sink});
-    return sink->WaitFinal();
-  }
-  // Every block's count of holders is the number of running sequences (and
-  // padding rows) whose table names it; the available blocks are exactly the
-  // unheld ones, each once; cached blocks are among them.
-  void CheckBlocks() {
-    const LoopSnapshot s = loop_->Snapshot();
-    std::vector<int> holders(s.total_blocks, 0);
-    for (const auto& seq : s.running) {
-      std::set<int32_t> own(seq.blocks.begin(), seq.blocks.end());
-      ASSERT_EQ(own.size(), seq.blocks.size()) << "a sequence holds a block twice";
-      for (int32_t id : seq.blocks) ++holders[id];
-    }
-    ASSERT_EQ(static_cast<int>(s.refs.size()), s.total_blocks);
-    for (int id = 0; id < s.total_blocks; ++id) {
-      ASSERT_EQ(s.refs[id], holders[id]) << "block " << id;
-    }
-    std::set<int32_t> available(s.free_blocks.begin(), s.free_blocks.end());
-    ASSERT_EQ(available.size(), s.free_blocks.size()) << "a block is available twice";
-    for (int id = 0; id < s.total_blocks; ++id) {
-      ASSERT_EQ(available.count(id) == 1, holders[id] == 0) << "block " << id;
-    }
-    for (int32_t id : s.cached_blocks) ASSERT_EQ(available.count(id), 1u);
-  }
-  int Available() { return static_cast<int>(loop_->Snapshot().free_blocks.size()); }
-  int StepTokensSince(size_t from) {
-    auto t = backend_->step_tokens();
-    int sum = 0;
-    for (size_t i = from; i < t.size(); ++i) sum += t[i];
-    return sum;
-  }
-
-  FakeClock clock_{absl::FromUnixSeconds(1000)};
-  LetterTokenizer tokenizer_;
-  LookupObserver observer_;
-  std::unique_ptr<KvBackend> backend_;
-  std::unique_ptr<EngineLoop> loop_;
-};
+class PrefixCacheTest : public KvLoopTest {};
 
 std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
   a.insert(a.end(), b.begin(), b.end());
@@ -301,12 +200,14 @@ TEST_F(PrefixCacheTest, StaticBatchingModesShareToo) {
   }
 }
 
-// Random arrivals over a few shared prefixes, salts, priorities, deadlines
-// and cancellations against a small pool with chunked prefill: after every
+// Random arrivals over a few shared prefixes, salts, priorities, deadlines,
+// several samples and cancellations against a small pool with chunked
+// prefill, on a backend that copies blocks and one that cannot: after every
 // step the holders of each block are exactly what the reference counts say;
-// every request that ends OK produced exactly its solo output; at the end
-// every block is available again.
+// every sample of a request that ends OK produced exactly its solo output; at
+// the end every block is available again.
 TEST_F(PrefixCacheTest, RandomizedRunKeepsCountsAndOutputsExact) {
+  int total_samples_ok = 0;
   for (uint32_t seed = 1; seed <= 16; ++seed) {
     SCOPED_TRACE(::testing::Message() << "seed " << seed);
     std::mt19937 rng(seed);
@@ -315,7 +216,8 @@ TEST_F(PrefixCacheTest, RandomizedRunKeepsCountsAndOutputsExact) {
                     .max_batch_size = 1 + static_cast<int>(rng() % 5),
                     .max_batch_tokens = 6 + static_cast<int>(rng() % 20),
                     .overlap = rng() % 2 == 0,
-                    .mode = kBatchingModes[rng() % 3]};
+                    .mode = kBatchingModes[rng() % 3],
+                    .copies = rng() % 2 == 0};
     MakeLoop(setup);
     const int capacity = setup.num_blocks * setup.block_size;
     std::vector<std::vector<int32_t>> prefixes;
@@ -328,6 +230,7 @@ TEST_F(PrefixCacheTest, RandomizedRunKeepsCountsAndOutputsExact) {
       std::vector<int32_t> prompt;
       std::shared_ptr<Collector> sink;
       uint64_t id;
+      int n;
     };
     std::vector<Sent> sent;
     for (int round = 0; round < 250; ++round) {
@@ -339,10 +242,17 @@ TEST_F(PrefixCacheTest, RandomizedRunKeepsCountsAndOutputsExact) {
             prompt, 1 + rng() % std::max<int>(1, std::min<int>(10, capacity - prompt.size())),
             rng() % 5 == 0 ? "salt" : "", static_cast<int>(rng() % 3));
         if (rng() % 5 == 0) r.deadline = clock_.Now() + absl::Milliseconds(rng() % 100);
-        auto sink = std::make_shared<Collector>();
+        if (rng() % 4 == 0) {
+          // As many samples as fit the batch, and the pool with the prompt.
+          const int prompt_blocks = BlocksForTokens(prompt.size(), setup.block_size);
+          r.n = std::min({2 + static_cast<int>(rng() % 3), setup.max_batch_size,
+                          setup.num_blocks - prompt_blocks + 1});
+        }
+        const int n = r.n;
+        auto sink = std::make_shared<Collector>(n);
         absl::StatusOr<uint64_t> id = loop_->Submit(std::move(r), sink);
         ASSERT_TRUE(id.ok()) << id.status();
-        sent.push_back({prompt, sink, *id});
+        sent.push_back({prompt, sink, *id, n});
       }
       if (!sent.empty() && rng() % 12 == 0) {
         loop_->Cancel(sent[rng() % sent.size()].id, absl::CancelledError("random"));
@@ -358,20 +268,26 @@ TEST_F(PrefixCacheTest, RandomizedRunKeepsCountsAndOutputsExact) {
       Tick();
       if (HasFatalFailure()) return;
     }
-    int ok = 0;
+    int ok = 0, samples_ok = 0;
     for (auto& s : sent) {
       ASSERT_TRUE(s.sink->finished());
-      StreamUpdate last = s.sink->WaitFinal();
-      if (!last.status.ok()) continue;
-      ++ok;
-      const auto ids = s.sink->ids();
-      EXPECT_THAT(ids, ElementsAreArray(KvBackend::Expected(s.prompt, ids.size())));
-      EXPECT_LT(last.cached_prompt_tokens, static_cast<int>(s.prompt.size()));
+      for (int i = 0; i < s.n; ++i) {
+        StreamUpdate last = s.sink->WaitFinal(i);
+        if (!last.status.ok()) continue;
+        ++ok;
+        samples_ok += s.n > 1 ? 1 : 0;
+        const auto ids = s.sink->ids(i);
+        EXPECT_THAT(ids, ElementsAreArray(KvBackend::Expected(s.prompt, ids.size())))
+            << "sample " << i << " of " << s.n;
+        EXPECT_LT(last.cached_prompt_tokens, static_cast<int>(s.prompt.size()));
+      }
     }
     EXPECT_GT(ok, 0);
+    total_samples_ok += samples_ok;
     EXPECT_EQ(Available(), setup.num_blocks);
   }
   EXPECT_GT(observer_.found, 0);
+  EXPECT_GT(total_samples_ok, 0);
 }
 
 }  // namespace

@@ -150,6 +150,28 @@ TEST(SchedulerTest, KvBlocksLimitAdmissionWithoutOvertaking) {
   EXPECT_EQ(d.hold, HoldReason::kNoFreeBlocks);
 }
 
+// A request for several samples takes a slot for each, all at once.
+TEST(SchedulerTest, SamplesTakeASlotEachAndCloseTheWindowByTheirSlots) {
+  Scheduler s(Config(4, 50));
+  WaitingRequest three = Req(1, 0);
+  three.slots = 3;
+  // Three slots of four wanted: the window stays open; a fourth closes it.
+  std::vector<WaitingRequest> waiting = {three};
+  IdDecision d = Decide(s, {waiting, 0, 100}, Ms(1));
+  EXPECT_THAT(d.admit, IsEmpty());
+  EXPECT_EQ(d.hold, HoldReason::kWindowOpen);
+  waiting.push_back(Req(2, 1));
+  EXPECT_THAT(Decide(s, {waiting, 0, 100}, Ms(1)).admit, ElementsAre(1, 2));
+  // With two running only two slots are free: the three samples wait, and
+  // the single request behind them does not overtake.
+  d = Decide(s, {waiting, 2, 100}, Ms(60));
+  EXPECT_THAT(d.admit, IsEmpty());
+  EXPECT_EQ(d.hold, HoldReason::kNoFreeSlot);
+  d = Decide(s, {waiting, 1, 100}, Ms(60));
+  EXPECT_THAT(d.admit, ElementsAre(1));
+  EXPECT_EQ(d.hold, HoldReason::kNoFreeSlot);
+}
+
 TEST(SchedulerTest, StaticBatchingWaitsForTheWholeBatchToFinish) {
   Scheduler s(Config(4, 10, BatchingMode::kStatic));
   std::vector<WaitingRequest> waiting = {Req(1, 0)};

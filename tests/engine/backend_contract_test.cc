@@ -541,6 +541,61 @@ TYPED_TEST(BackendContractTest, PrefillInOneStepOrInChunksEqualsSingleSteps) {
   }
 }
 
+// A block copied with CopyBlocks continues exactly as the original: two
+// sequences that share a prompt's full block, each with its own copy of the
+// partly filled last one, then diverge, and each computes the logits it
+// computes alone. A backend that cannot copy says so (UNIMPLEMENTED).
+TYPED_TEST(BackendContractTest, CopiedBlocksContinueAsTheOriginal) {
+  using Kind = TypeParam;
+  const std::shared_ptr<const Model> model = Stories();
+  ASSERT_NE(model, nullptr);
+  const int vocab = model->config.vocab_size;
+  auto backend = this->Make(model, 4, 8);
+  ASSERT_NE(backend, nullptr);
+  const std::vector<BlockCopy> copy = {{.from = 2, .to = 7}};
+  if (!backend->capabilities().copies_blocks) {
+    EXPECT_EQ(backend->CopyBlocks(copy).code(), absl::StatusCode::kUnimplemented);
+    return;
+  }
+  for (const std::vector<BlockCopy>& bad :
+       std::vector<std::vector<BlockCopy>>{{{.from = 8, .to = 1}},
+                                           {{.from = 1, .to = -1}},
+                                           {{.from = 2, .to = 2}},
+                                           {{.from = 2, .to = 7}, {.from = 7, .to = 3}},
+                                           {{.from = 2, .to = 7}, {.from = 3, .to = 7}}}) {
+    EXPECT_EQ(backend->CopyBlocks(bad).code(), kInvalid) << bad.size() << " copies";
+  }
+  // Block 7 first holds something else, which the copy must replace.
+  const std::vector<int32_t> other = {1, 300, 301, 302};
+  const std::vector<int32_t> other_table = {7};
+  const SequenceStep other_seq = Seq(4, 0, other_table);
+  std::vector<float> logits(vocab);
+  ASSERT_TRUE(backend->Step({other, {&other_seq, 1}}, logits).ok());
+  // The prompt's six positions: block 5 full, block 2 half.
+  const std::vector<int32_t> prompt = Prompt(6, vocab);
+  const std::vector<int32_t> table = {5, 2};
+  const SequenceStep prefill = Seq(6, 0, table);
+  ASSERT_TRUE(backend->Step({prompt, {&prefill, 1}}, logits).ok());
+  ASSERT_TRUE(backend->CopyBlocks(copy).ok());
+
+  // Each continues with its own token: the copy first (so a copy that
+  // shared memory with its original would spoil the original's positions).
+  const std::vector<int32_t> copy_table = {5, 7};
+  const int32_t next[] = {77, 123};
+  const std::vector<int32_t>* tables[] = {&copy_table, &table};
+  auto reference = this->MakeReference(model, 4, 8);
+  ASSERT_NE(reference, nullptr);
+  for (int i = 0; i < 2; ++i) {
+    std::vector<int32_t> tokens = prompt;
+    tokens.push_back(next[i]);
+    const auto expected = OneByOne(*reference, tokens, {0, 1});
+    const SequenceStep decode = Seq(1, 6, *tables[i]);
+    ASSERT_TRUE(backend->Step({{&next[i], 1}, {&decode, 1}}, logits).ok());
+    EXPECT_TRUE(LogitsAgree(logits, expected[6], Kind::kReferenceAgreement))
+        << (i == 0 ? "the copy" : "the original");
+  }
+}
+
 // A sequence's logits are the same whether it runs alone or next to other
 // sequences (here with the 15m shape, whose matrices are large enough for the
 // CPU backend's multi-threaded path).
