@@ -1,6 +1,8 @@
 #include "service/generate_reactor.h"
 
+#include <algorithm>
 #include <chrono>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -57,6 +59,10 @@ absl::Status GenerateReactor::Submit(batcher::GenerationRequest request) {
   // the request never reaches the engine) or finds engine_id_ set.
   absl::MutexLock lock(&mu_);
   if (cancelled_) return absl::CancelledError("the client cancelled the request");
+  const int samples = std::max(request.n, 1);
+  pending_.resize(samples);
+  has_pending_.assign(samples, false);
+  finals_left_ = samples;
   absl::StatusOr<uint64_t> id = loop_->Submit(std::move(request), std::make_shared<Sink>(this));
   if (!id.ok()) return id.status();
   engine_id_ = *id;
@@ -80,25 +86,36 @@ void GenerateReactor::Reject(const absl::Status& status) {
 
 void GenerateReactor::Deliver(batcher::StreamUpdate update) {
   Action action;
+  std::optional<absl::Status> cancel_others;
   {
     absl::MutexLock lock(&mu_);
-    if (!stream_broken_) {
-      for (int32_t id : update.token_ids) pending_.add_token_ids(id);
-      pending_.mutable_text()->append(update.text);
-      has_pending_ = true;
+    const int i = update.index;
+    if (!stream_broken_ && !failed_) {
+      v1::GenerateResponse& out = pending_[i];
+      for (int32_t id : update.token_ids) out.add_token_ids(id);
+      out.mutable_text()->append(update.text);
+      if (update.finished && update.status.ok()) {
+        out.set_finish_reason(ToProto(update.finish_reason));
+        out.mutable_usage()->set_prompt_tokens(update.prompt_tokens);
+        out.mutable_usage()->set_completion_tokens(update.completion_tokens);
+        out.mutable_usage()->set_cached_prompt_tokens(update.cached_prompt_tokens);
+      }
+      if (!has_pending_[i]) {
+        has_pending_[i] = true;
+        pending_order_.push_back(i);
+      }
     }
     if (update.finished) {
-      engine_done_ = true;
-      final_status_ = update.status;
-      if (update.status.ok()) {
-        pending_.set_finish_reason(ToProto(update.finish_reason));
-        pending_.mutable_usage()->set_prompt_tokens(update.prompt_tokens);
-        pending_.mutable_usage()->set_completion_tokens(update.completion_tokens);
-        pending_.mutable_usage()->set_cached_prompt_tokens(update.cached_prompt_tokens);
-      } else {
-        // An error status replaces the final message: drop unsent output.
-        pending_.Clear();
-        has_pending_ = false;
+      engine_done_ = --finals_left_ == 0;
+      if (!update.status.ok() && !failed_) {
+        // An error status replaces the final message: drop unsent output,
+        // and end the other samples with it.
+        failed_ = true;
+        final_status_ = update.status;
+        for (v1::GenerateResponse& p : pending_) p.Clear();
+        has_pending_.assign(has_pending_.size(), false);
+        pending_order_.clear();
+        if (!engine_done_) cancel_others = update.status;
       }
     }
     action = NextActionLocked();
@@ -116,17 +133,23 @@ void GenerateReactor::Deliver(batcher::StreamUpdate update) {
   // finish that this call started keeps the reactor alive until it is done,
   // and so does a stalled stream: it cannot finish before the engine's final
   // update, which only this (the engine's) thread delivers, later.
+  // Before the write or finish: once those start, the reactor may be gone;
+  // until then the engine has a final update left to deliver.
+  if (cancel_others.has_value()) loop_->Cancel(engine_id_, *std::move(cancel_others));
   if (action != Action::kNone) Perform(action);
 }
 
 GenerateReactor::Action GenerateReactor::NextActionLocked() {
   if (write_in_flight_ || finish_called_) return Action::kNone;
-  if (has_pending_ && !stream_broken_) {
+  if (!pending_order_.empty() && !stream_broken_) {
     // Serialized in Perform, outside the lock, which the engine thread takes
     // for every token it delivers.
-    in_flight_message_.Swap(&pending_);
-    pending_.Clear();
-    has_pending_ = false;
+    const int i = pending_order_.front();
+    pending_order_.pop_front();
+    in_flight_message_.Swap(&pending_[i]);
+    in_flight_message_.set_index(i);
+    pending_[i].Clear();
+    has_pending_[i] = false;
     write_in_flight_ = true;
     write_started_ = absl::Now();
     return Action::kWrite;
@@ -199,8 +222,9 @@ void GenerateReactor::OnWriteDone(bool ok) {
     if (!ok) {
       // The client is gone; OnCancel tells the engine. Keep no more output.
       stream_broken_ = true;
-      pending_.Clear();
-      has_pending_ = false;
+      for (v1::GenerateResponse& p : pending_) p.Clear();
+      has_pending_.assign(has_pending_.size(), false);
+      pending_order_.clear();
     }
     action = NextActionLocked();
   }

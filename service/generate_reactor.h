@@ -1,9 +1,13 @@
 // One Generate stream. The engine loop Delivers updates into the reactor's
 // outbox from its own thread; the reactor writes them with exactly one write
 // in flight. Updates that arrive while a write is in flight are merged into
-// the next message, so a slow reader gets fewer, larger messages and never
-// slows the engine. A reader that takes nothing for `stall_timeout` while
-// the engine still generates for it is ended: its slot and KV blocks go to
+// the next message of their sample, so a slow reader gets fewer, larger
+// messages and never slows the engine. With several samples (n), each
+// message carries one sample's tokens and its index, samples in the order
+// their output came; the RPC ends after every sample's final update. The
+// first sample to end with an error ends the others (the request is
+// cancelled in the engine) and its status is the RPC's. A reader that takes nothing for
+// `stall_timeout` while the engine still generates for it is ended: its slot and KV blocks go to
 // others (it would otherwise hold them until keepalive noticed, if ever).
 //
 // Lifetime: gRPC deletes the reactor in OnDone, which runs only after Finish.
@@ -16,9 +20,11 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -75,14 +81,19 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   uint64_t engine_id_ = 0;  // set before any reaction can run
 
   absl::Mutex mu_;
-  v1::GenerateResponse pending_ ABSL_GUARDED_BY(mu_);  // not yet written
-  bool has_pending_ ABSL_GUARDED_BY(mu_) = false;
+  // Per sample, the output not yet written, and the samples that have some,
+  // in the order it came.
+  std::vector<v1::GenerateResponse> pending_ ABSL_GUARDED_BY(mu_);
+  std::deque<int> pending_order_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> has_pending_ ABSL_GUARDED_BY(mu_);
+  int finals_left_ ABSL_GUARDED_BY(mu_) = 0;  // samples not yet finished
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;  // a sample ended with an error
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time write_started_ ABSL_GUARDED_BY(mu_);
   bool stream_broken_ ABSL_GUARDED_BY(mu_) = false;  // a write failed
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;      // OnCancel ran
   bool stalled_ ABSL_GUARDED_BY(mu_) = false;        // ended for not reading
-  bool engine_done_ ABSL_GUARDED_BY(mu_) = false;    // final update received
+  bool engine_done_ ABSL_GUARDED_BY(mu_) = false;    // every sample's final update received
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status final_status_ ABSL_GUARDED_BY(mu_);
   // The message being written, and its bytes; only the thread that started

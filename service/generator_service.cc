@@ -1,5 +1,6 @@
 #include "service/generator_service.h"
 
+#include <algorithm>
 #include <limits>
 #include <random>
 #include <utility>
@@ -119,6 +120,7 @@ absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
   out.seed = sampling.has_seed() ? sampling.seed() : RandomSeed();
   out.stop.assign(request.stop().begin(), request.stop().end());
   out.priority = request.priority();
+  out.n = std::max(request.n(), 1);
   return out;
 }
 

@@ -84,6 +84,10 @@ absl::Status ValidateGenerateRequest(const v1::GenerateRequest& request,
     return InvalidArgumentError(StrCat("cache_salt must be at most ", limits.max_cache_salt_bytes,
                                        " bytes, got ", request.cache_salt().size()));
   }
+  if (request.n() < 0 || request.n() > limits.max_samples) {
+    return InvalidArgumentError(
+        StrCat("n must be 1 to ", limits.max_samples, " samples (0: 1), got ", request.n()));
+  }
   return absl::OkStatus();
 }
 

@@ -118,12 +118,28 @@ class Result:
         self.details = None
         self.trailing = {}   # trailing metadata of a failed call
         self.elapsed = None  # seconds from the call to its end
+        self.samples = {}    # index -> Sample, of every message
 
     def __repr__(self):
         return ("Result(code=%s, details=%r, finish=%s, n_ids=%d, ids=%s, text=%r, usage=%s)"
                 % (self.code, self.details, self.finish, len(self.ids), self.ids, self.text,
                    None if self.usage is None else
                    (self.usage.prompt_tokens, self.usage.completion_tokens)))
+
+
+class Sample:
+    """One sample's output in a call with several (GenerateRequest.n)."""
+
+    def __init__(self):
+        self.ids = []
+        self.text = ""
+        self.finish = None   # of its last message
+        self.usage = None
+        self.messages = 0
+        self.finals = 0      # messages with a finish_reason: must be 1
+
+    def __repr__(self):
+        return "Sample(finish=%s, ids=%s, text=%r)" % (self.finish, self.ids, self.text)
 
 
 class Client:
@@ -176,10 +192,12 @@ class Client:
     # -- requests ----------------------------------------------------------
     def request(self, prompt=None, ids=None, max_new_tokens=16, temperature=None,
                 top_k=None, top_p=None, seed=None, stop=(), request_id="", priority=0,
-                messages=None):
+                messages=None, n=None):
         g = self.pb.g
         r = g.GenerateRequest(max_new_tokens=max_new_tokens, request_id=request_id,
                               priority=priority)
+        if n is not None:
+            r.n = n
         if prompt is not None:
             r.prompt = prompt
         if ids is not None:
@@ -208,6 +226,14 @@ class Client:
                 res.msgs.append(msg)
                 res.ids.extend(msg.token_ids)
                 res.text += msg.text
+                sample = res.samples.setdefault(msg.index, Sample())
+                sample.ids.extend(msg.token_ids)
+                sample.text += msg.text
+                sample.messages += 1
+                if msg.finish_reason:
+                    sample.finals += 1
+                    sample.finish = msg.finish_reason
+                    sample.usage = msg.usage
         except grpc.RpcError as e:
             res.code = e.code()
             res.details = e.details()

@@ -125,5 +125,18 @@ TEST(ValidationTest, StopSequencesAndRequestIdAreBounded) {
   ExpectInvalid(long_id, "request_id");
 }
 
+TEST(ValidationTest, SamplesAreOneToSixteen) {
+  for (const int n : {-1, 17, 1000}) {
+    v1::GenerateRequest r = Valid();
+    r.set_n(n);
+    ExpectInvalid(r, "n must be 1 to 16");
+  }
+  for (const int n : {0, 1, 16}) {
+    v1::GenerateRequest r = Valid();
+    r.set_n(n);
+    EXPECT_TRUE(ValidateGenerateRequest(r, kLimits).ok()) << n;
+  }
+}
+
 }  // namespace
 }  // namespace coalesce::service

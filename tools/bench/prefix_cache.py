@@ -15,8 +15,14 @@ otherwise, one server at a time), and the script prints both and their ratio.
                   cached blocks; a fresh pool would instead show the first
                   touch of its pages, once per block).
 
+With --sweep it instead measures the shared-prefix workload at several
+prefix lengths (--lengths), caching on and off, prints median time to first
+token against the length, and with --plot writes it as a PNG
+(python3-matplotlib); --from_json re-plots a sweep's --json without running.
+
 Run after tools/build.sh:
     python3 tools/bench/prefix_cache.py [--model synthetic:110m] [--repeats 3]
+    python3 tools/bench/prefix_cache.py --sweep --plot docs/benchmarks/prefix_cache_ttft.png
 Prints a table and, with --json FILE, writes every run's report.
 """
 
@@ -30,7 +36,7 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = os.path.join(REPO, "build", "bin")
+BIN = os.path.join(REPO, "build", "bin")  # --bin
 
 WORKLOADS = {
     "shared prefix": ["--shared_prefix_tokens=1024", "--prompt_tokens=64", "--max_new_tokens=16",
@@ -87,6 +93,67 @@ def summary(report):
     }
 
 
+def run_sweep(args):
+    """Median TTFT of the shared-prefix workload at each prefix length."""
+    points = []
+    for length in args.lengths:
+        flags = ["--shared_prefix_tokens=%d" % length, "--prompt_tokens=%d" % args.suffix_tokens,
+                 "--max_new_tokens=16", "--concurrency=1", "--requests=%d" % args.requests,
+                 "--warmup_requests=1"]
+        point = {"shared_prefix_tokens": length}
+        for caching in (True, False):
+            server = Server(args.model, caching, args.port)
+            try:
+                s = summary(bench(args.port, flags, seed=1))
+            finally:
+                server.close()
+            if s["failed"]:
+                raise SystemExit("prefix %d: %d requests failed" % (length, s["failed"]))
+            point["on" if caching else "off"] = s
+            print("prefix %5d  caching %-3s  TTFT p50 %7.3f s  %6d of %6d prompt tokens cached"
+                  % (length, "on" if caching else "off", s["ttft_p50_s"],
+                     s["cached_prompt_tokens"], s["prompt_tokens"]), flush=True)
+        points.append(point)
+    return {"model": args.model, "suffix_tokens": args.suffix_tokens, "requests": args.requests,
+            "points": points}
+
+
+def print_sweep(sweep):
+    print()
+    print("model %s, --max_batch_size=16; coalesce-bench --shared_prefix_tokens=N "
+          "--prompt_tokens=%d --max_new_tokens=16 --concurrency=1 --requests=%d "
+          "--warmup_requests=1" % (sweep["model"], sweep["suffix_tokens"], sweep["requests"]))
+    print("%-22s %12s %12s %8s" % ("shared prefix tokens", "TTFT on (s)", "TTFT off (s)", "off/on"))
+    for p in sweep["points"]:
+        on, off = p["on"]["ttft_p50_s"], p["off"]["ttft_p50_s"]
+        print("%-22d %12.3f %12.3f %7.2fx" % (p["shared_prefix_tokens"], on, off, off / on))
+
+
+def plot_sweep(sweep, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [p["shared_prefix_tokens"] for p in sweep["points"]]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    for key, label, marker in (("off", "--prefix_caching=false", "s"),
+                               ("on", "--prefix_caching=true", "o")):
+        ax.plot(x, [p[key]["ttft_p50_s"] for p in sweep["points"]], marker=marker, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(x)
+    ax.set_xticklabels([str(v) for v in x])
+    ax.set_xlabel("shared system prompt (tokens), each request adding %d of its own"
+                  % sweep["suffix_tokens"])
+    ax.set_ylabel("median time to first token (s)")
+    ax.set_title("Prefix caching, %s, one stream" % sweep["model"])
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="synthetic:110m")
@@ -94,7 +161,33 @@ def main():
     ap.add_argument("--port", type=int, default=50097)
     ap.add_argument("--json", help="write every run's summary here")
     ap.add_argument("--only", choices=sorted(WORKLOADS), help="run this workload alone")
+    ap.add_argument("--bin", default=BIN, help="folder of coalesce-server, -bench and -cli")
+    ap.add_argument("--sweep", action="store_true",
+                    help="median TTFT against the shared prefix's length instead")
+    ap.add_argument("--lengths", default="128,256,512,1024",
+                    type=lambda v: [int(x) for x in v.split(",")],
+                    help="--sweep: shared prefix lengths, in tokens")
+    ap.add_argument("--suffix_tokens", type=int, default=64, help="--sweep: each request's own")
+    ap.add_argument("--requests", type=int, default=8, help="--sweep: measured requests a point")
+    ap.add_argument("--plot", help="--sweep: write the PNG here")
+    ap.add_argument("--from_json", help="--sweep: re-plot this --json instead of measuring")
     args = ap.parse_args()
+    global BIN
+    BIN = args.bin
+
+    if args.sweep:
+        if args.from_json:
+            with open(args.from_json) as f:
+                sweep = json.load(f)
+        else:
+            sweep = run_sweep(args)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(sweep, f, indent=1)
+        print_sweep(sweep)
+        if args.plot:
+            plot_sweep(sweep, args.plot)
+        return 0
 
     workloads = {n: f for n, f in WORKLOADS.items() if args.only in (None, n)}
     runs = {name: {True: [], False: []} for name in workloads}

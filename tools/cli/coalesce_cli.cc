@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -29,6 +30,9 @@ ABSL_FLAG(int, top_k, 0, "Keep the k most likely tokens; 0 keeps all.");
 ABSL_FLAG(double, top_p, 1.0, "Nucleus sampling mass in (0, 1].");
 ABSL_FLAG(int64_t, seed, -1, "Sampling seed; -1 lets the server choose.");
 ABSL_FLAG(std::vector<std::string>, stop, {}, "Comma-separated stop sequences.");
+ABSL_FLAG(int, n, 1,
+          "Samples of the prompt in one request (1 to 16): printed one after another, sample i "
+          "drawn with seed + i.");
 ABSL_FLAG(int, concurrency, 1,
           "Send this many copies at once. With more than 1, print one summary line "
           "per request instead of the text.");
@@ -64,6 +68,8 @@ struct Result {
   double first_token_s = 0;
   double total_s = 0;
   std::string finish_reason;
+  // With several samples: each one's text and finish reason, by index.
+  std::map<int, std::pair<std::string, std::string>> samples;
 };
 
 Result RunOne(Generator::Stub& stub, const GenerateRequest& request, bool print_text,
@@ -86,8 +92,11 @@ Result RunOne(Generator::Stub& stub, const GenerateRequest& request, bool print_
       std::cout << response.text() << std::flush;
     }
     if (text != nullptr) *text += response.text();
+    auto& [sample_text, sample_finish] = result.samples[response.index()];
+    sample_text += response.text();
     if (response.finish_reason() != coalesce::v1::FINISH_REASON_UNSPECIFIED) {
       result.finish_reason = FinishReasonName(response.finish_reason());
+      sample_finish = result.finish_reason;
     }
   }
   result.status = reader->Finish();
@@ -191,6 +200,7 @@ int main(int argc, char** argv) {
   sampling->set_top_p(static_cast<float>(absl::GetFlag(FLAGS_top_p)));
   if (absl::GetFlag(FLAGS_seed) >= 0) sampling->set_seed(absl::GetFlag(FLAGS_seed));
   for (const std::string& stop : absl::GetFlag(FLAGS_stop)) request.add_stop(stop);
+  request.set_n(absl::GetFlag(FLAGS_n));
 
   if (absl::GetFlag(FLAGS_chat) || !absl::GetFlag(FLAGS_messages).empty()) {
     request.clear_prompt();
@@ -202,6 +212,17 @@ int main(int argc, char** argv) {
   }
 
   const int n = std::max(1, absl::GetFlag(FLAGS_concurrency));
+  if (n == 1 && !absl::GetFlag(FLAGS_summary) && request.n() > 1) {
+    // The samples' messages interleave: each is printed whole at the end.
+    Result r = RunOne(*stub, request, /*print_text=*/false);
+    if (!r.status.ok()) return ReportFailure(r.status);
+    for (const auto& [index, sample] : r.samples) {
+      std::cout << absl::StrFormat("--- sample %d (finish %s)\n", index, sample.second)
+                << request.prompt() << sample.first << "\n";
+    }
+    PrintStats(r);
+    return 0;
+  }
   if (n == 1 && !absl::GetFlag(FLAGS_summary)) {
     std::cout << request.prompt() << std::flush;
     Result r = RunOne(*stub, request, /*print_text=*/true);
