@@ -133,14 +133,17 @@ def plot_sweep(sweep, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     x = [p["shared_prefix_tokens"] for p in sweep["points"]]
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
-    for key, label, marker in (("off", "--prefix_caching=false", "s"),
-                               ("on", "--prefix_caching=true", "o")):
+    for key, label, marker in (("off", "prefix caching off", "s"),
+                               ("on", "prefix caching on", "o")):
         ax.plot(x, [p[key]["ttft_p50_s"] for p in sweep["points"]], marker=marker, label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.set_xticks(x)
     ax.set_xticklabels([str(v) for v in x])
     ax.set_xlabel("shared system prompt (tokens), each request adding %d of its own"
@@ -155,6 +158,7 @@ def plot_sweep(sweep, path):
 
 
 def main():
+    global BIN
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="synthetic:110m")
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs of 'no reuse'")
@@ -172,7 +176,6 @@ def main():
     ap.add_argument("--plot", help="--sweep: write the PNG here")
     ap.add_argument("--from_json", help="--sweep: re-plot this --json instead of measuring")
     args = ap.parse_args()
-    global BIN
     BIN = args.bin
 
     if args.sweep:

@@ -104,7 +104,8 @@ if [[ -x .gpucheck/server/bin/coalesce-server ]]; then
     COALESCE_MODELS_DIR="$root/.gpucheck/models" COALESCE_E2E_DESCRIPTORS="$root/.gpucheck/e2e.desc" \
     COALESCE_SERVER_FLAGS="--device=cuda --dtype=fp32 --kv_cache_memory=1GiB" \
     python3 -m pytest -q -rA -p no:cacheprovider tests/service/test_server_e2e.py \
-    tests/service/test_pressure_e2e.py tests/service/test_prefix_cache_e2e.py
+    tests/service/test_pressure_e2e.py tests/service/test_prefix_cache_e2e.py \
+    tests/service/test_samples_e2e.py
   step service_cost timeout 240 env SERVICE_COST_DEVICE=cuda SERVICE_COST_MODEL=synthetic:1b \
     SERVICE_COST_SECONDS=10 SERVICE_COST_ENGINE_REPEAT=3 tools/bench/service_cost.sh .gpucheck/server
 else

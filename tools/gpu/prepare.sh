@@ -85,7 +85,7 @@ cp -rL /usr/include/nlohmann "$tmp/nlohmann_json/include/"
 cp -rL /usr/share/cmake/nlohmann_json "$tmp/nlohmann_json/share/cmake/"
 
 # The server and its clients, built here, with their libraries.
-server_bins=(coalesce-server coalesce-bench coalesce-loop-bench)
+server_bins=(coalesce-server coalesce-cli coalesce-bench coalesce-loop-bench)
 cmake --build "$build" -j"$(nproc)" --target "${server_bins[@]}" >/dev/null
 if ! ldd "$build/bin/coalesce-server" | grep -q 'libcudart\.so'; then
   echo "prepare.sh: $build was built without CUDA (nvcc not found?)" >&2
