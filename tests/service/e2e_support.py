@@ -102,6 +102,26 @@ def start_server(extra_flags, model_flags=None):
     return server, client
 
 
+def caching_on_and_off(pb, flags):
+    """For a module fixture: yields clients of two servers with `flags`, one
+    with prefix caching on and one with it off, and stops both after."""
+    on_server, on = start_server(flags)
+    try:
+        off_server, off = start_server(list(flags) + ["--prefix_caching=false"])
+    except BaseException:
+        on_server.kill()
+        raise
+    on.bind(pb)
+    off.bind(pb)
+    try:
+        yield on, off
+    finally:
+        on.close()
+        off.close()
+        on_server.kill()
+        off_server.kill()
+
+
 # ---------------------------------------------------------------------------
 # The client
 # ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import time
 import grpc
 import pytest
 
-from e2e_support import run_concurrently, start_server, wait_for, wait_idle
+from e2e_support import caching_on_and_off, run_concurrently, start_server, wait_for, wait_idle
 
 BLOCK = 4
 # Small steps, so that prompts are prefilled in several chunks.
@@ -34,15 +34,7 @@ P_BOUNDARY = ids(2, 24)  # ends exactly at the end of block 5
 
 @pytest.fixture(scope="module")
 def servers(pb):
-    on_server, on = start_server(FLAGS)
-    off_server, off = start_server(FLAGS + ["--prefix_caching=false"])
-    on.bind(pb)
-    off.bind(pb)
-    yield on, off
-    on.close()
-    off.close()
-    on_server.kill()
-    off_server.kill()
+    yield from caching_on_and_off(pb, FLAGS)
 
 
 def req(client, prompt, n=12, salt=None, **kw):

@@ -19,7 +19,7 @@ import time
 import grpc
 import pytest
 
-from e2e_support import SERVER, run_concurrently, start_server, wait_idle
+from e2e_support import SERVER, caching_on_and_off, run_concurrently, wait_idle
 
 BLOCK = 4
 FLAGS = ["--kv_block_size=%d" % BLOCK, "--batch_window=0", "--max_batch_size=8"]
@@ -33,15 +33,7 @@ def ids(seed, n):
 
 @pytest.fixture(scope="module")
 def servers(pb):
-    on_server, on = start_server(FLAGS)
-    off_server, off = start_server(FLAGS + ["--prefix_caching=false"])
-    on.bind(pb)
-    off.bind(pb)
-    yield on, off
-    on.close()
-    off.close()
-    on_server.kill()
-    off_server.kill()
+    yield from caching_on_and_off(pb, FLAGS)
 
 
 def sampled(client, prompt, seed, n=None, max_new_tokens=12, stop=(".",)):
