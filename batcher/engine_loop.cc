@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 
 namespace coalesce::batcher {
 
@@ -55,8 +56,13 @@ struct EngineLoop::Sequence {
   // the one holding its last token, which it must compute for its logits;
   // before a fork, all (each sample computes the prompt's last token).
   int MatchLimit(int block_size) const {
+    if (scoring_prompt()) return 0;  // every prompt position needs its logits
     const int len = static_cast<int>(tokens.size());
     return samples == 1 ? (len - 1) / block_size : len / block_size;
+  }
+  // With prompt_logprobs: prompt tokens after the first not yet scored.
+  bool scoring_prompt() const {
+    return request.prompt_logprobs && prompt_scored < static_cast<int>(request.prompt.size()) - 1;
   }
 
   const uint64_t id;
@@ -81,6 +87,11 @@ struct EngineLoop::Sequence {
   std::vector<BlockHash> hashes;
   int registered = 0;
   int cached_prompt_tokens = 0;
+  // With prompt_logprobs: the log-probabilities of prompt tokens 1 to
+  // prompt_scored, until sent with the first update (sample 0's).
+  std::vector<engine::TokenLogprob> prompt_logprobs;
+  int prompt_scored = 0;
+  bool prompt_logprobs_sent = false;
   std::optional<engine::TextStream> text;  // from the first admission on
   absl::Time last_token_at;
   absl::Duration window_wait;  // time held by the coalescing window
@@ -144,7 +155,7 @@ EngineLoop::EngineLoop(engine::Backend* backend, const engine::Tokenizer* tokeni
       block_size_(backend->kv_cache().block_size),
       total_blocks_(backend->kv_cache().num_blocks),
       kv_bytes_per_token_(backend->kv_bytes_per_token()),
-      copies_blocks_(backend->capabilities().copies_blocks),
+      capabilities_(backend->capabilities()),
       blocks_(backend->kv_cache().num_blocks, options.prefix_caching),
       prefix_root_(PrefixRoot(options.prefix_cache_namespace, "")),
       step_thread_(options.overlap_steps ? std::make_unique<StepThread>() : nullptr) {}
@@ -159,6 +170,15 @@ void EngineLoop::Start() {
 absl::StatusOr<uint64_t> EngineLoop::Submit(GenerationRequest request,
                                             std::shared_ptr<OutputSink> sink) {
   if (request.prompt.empty()) return absl::InvalidArgumentError("the prompt has no tokens");
+  if ((request.logprobs || request.prompt_logprobs) &&
+      (!capabilities_.samples_on_host || (request.prompt_logprobs && !capabilities_.all_logits))) {
+    return absl::UnimplementedError(absl::StrCat("log-probabilities are not available on the ",
+                                                 std::string(backend_->name()), " backend yet"));
+  }
+  if (request.top_logprobs < 0 || request.top_logprobs > backend_->config().vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs = ", request.top_logprobs, ": 0 to the vocabulary's size"));
+  }
   if (request.n < 1 || request.n > options_.scheduler.max_batch_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "n = ", request.n, " samples: at least 1, and the samples run together, so at most the ",
@@ -515,6 +535,9 @@ void EngineLoop::Fork(Sequence& parent) {
     child->hashes = parent.hashes;
     child->registered = std::min(parent.registered, full);
     child->cached_prompt_tokens = parent.cached_prompt_tokens;
+    // The prompt is scored (sample 0 sends it): nothing left for the others.
+    child->prompt_scored = parent.prompt_scored;
+    child->prompt_logprobs_sent = true;
     child->group = parent.group;
     child->shares_blocks = true;
     child->text.emplace(*tokenizer_, child->tokens.back(), child->request.stop);
@@ -522,11 +545,12 @@ void EngineLoop::Fork(Sequence& parent) {
   }
   parent.reserve.clear();
   if (!copies.empty()) {
-    const absl::Status copied =
-        copies_blocks_ ? backend_->CopyBlocks(copies) : absl::UnimplementedError("no CopyBlocks");
+    const absl::Status copied = capabilities_.copies_blocks
+                                    ? backend_->CopyBlocks(copies)
+                                    : absl::UnimplementedError("no CopyBlocks");
     if (!copied.ok()) {
       // The partly filled block's positions are computed again instead.
-      if (copies_blocks_)
+      if (capabilities_.copies_blocks)
         Log(LogLevel::kWarning, absl::StrCat("KV block copy failed: ", copied.ToString()));
       for (auto& child : children) child->num_cached = full * block_size_;
     }
@@ -564,7 +588,8 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
       for (const int32_t id : seq->blocks) released += blocks_.refs(id) == 1 ? 1 : 0;
     }
     plan_input_.push_back({seq->num_cached, seq->pending(), seq->prefilling(), held,
-                           seq->request.priority, released});
+                           seq->request.priority, released,
+                           seq->scoring_prompt() ? options_.max_scored_chunk : 0});
   }
   const StepPlan plan =
       PlanStep(plan_input_, blocks_.num_available(), block_size_, options_.max_batch_tokens);
@@ -584,7 +609,7 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
     if (chunk.new_block) seq.blocks.push_back((*blocks_.Allocate(1))[0]);
     const auto first = seq.tokens.begin() + seq.num_cached;
     step_tokens_.insert(step_tokens_.end(), first, first + chunk.num_tokens);
-    step_seqs_.push_back({chunk.num_tokens, seq.num_cached, seq.blocks});
+    step_seqs_.push_back({chunk.num_tokens, seq.num_cached, seq.blocks, seq.scoring_prompt()});
     // Attention reads K and V of every position up to the chunk's last.
     stats.bytes_read += (seq.num_cached + chunk.num_tokens) * kv_bytes_per_token_;
   }
@@ -605,7 +630,10 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
   // 5. Run the step. A sequence whose tokens will all be cached after it
   // samples its next token; one that is only part-way through its prompt
   // takes a greedy placeholder and draws nothing from its Rng.
+  // Log-probabilities need the logits: then the step's tokens are sampled
+  // here, as the backend would sample them (capabilities().samples_on_host).
   step_sampling_.clear();
+  bool need_logits = false;
   for (size_t i = 0; i < step_owner_.size(); ++i) {
     engine::SampleSpec spec;  // greedy, for padding rows
     if (step_owner_[i] == nullptr) {
@@ -616,15 +644,22 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
     if (seq.pending() == step_seqs_[i].num_tokens && seq.samples == 1) {
       spec.params = seq.request.sampling;
       if (spec.params.temperature > 0.0f) spec.uniform = seq.rng.NextFloat();
+      need_logits |= seq.request.logprobs;
     }
+    need_logits |= step_seqs_[i].all_logits;
     step_sampling_.push_back(spec);
   }
   step_next_.resize(step_owner_.size());
+  step_row_.resize(step_owner_.size());
   absl::Status status;
   auto step = [&] {
     const absl::Time start = absl::Now();
-    status = backend_->StepAndSample({step_tokens_, step_seqs_}, step_sampling_,
-                                     std::span<int32_t>(step_next_));
+    const engine::StepBatch batch{step_tokens_, step_seqs_};
+    if (need_logits) {
+      status = StepOnTheHost(batch);
+    } else {
+      status = backend_->StepAndSample(batch, step_sampling_, std::span<int32_t>(step_next_));
+    }
     stats.duration = absl::Now() - start;
   };
   if (step_thread_ != nullptr) {
@@ -662,10 +697,16 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
   }
 
   const absl::Time now = clock_->Now();
+  const size_t vocab = static_cast<size_t>(backend_->config().vocab_size);
   for (size_t i = 0; i < step_owner_.size(); ++i) {
     if (step_owner_[i] == nullptr) continue;  // padding
     Sequence& seq = *step_owner_[i];
-    seq.num_cached += step_seqs_[i].num_tokens;
+    const int n = step_seqs_[i].num_tokens;
+    if (step_seqs_[i].all_logits) {
+      ScorePrompt(seq,
+                  std::span<const float>(step_logits_).subspan(step_row_[i] * vocab, n * vocab));
+    }
+    seq.num_cached += n;
     RegisterFullBlocks(seq);
     if (seq.pending() > 0) continue;  // a prompt chunk; more follow
     if (seq.samples > 1) {
@@ -673,11 +714,47 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
       continue;
     }
     ++stats.generated_tokens;
-    Emit(seq, step_next_[i], now);
+    std::span<const float> last_row;  // the logits it sampled from
+    if (need_logits) {
+      const size_t last = step_row_[i] + (step_seqs_[i].all_logits ? n - 1 : 0);
+      last_row = std::span<const float>(step_logits_).subspan(last * vocab, vocab);
+    }
+    Emit(seq, step_next_[i], now, last_row);
   }
   if (observer_ != nullptr) observer_->OnStep(stats);
   std::erase_if(running_, [](const auto& seq) { return seq->done; });
   EndPaddingIfBatchOver();
+}
+
+absl::Status EngineLoop::StepOnTheHost(const engine::StepBatch& batch) {
+  const size_t vocab = static_cast<size_t>(backend_->config().vocab_size);
+  step_logits_.resize(engine::LogitRows(batch) * vocab);
+  RETURN_IF_ERROR(backend_->Step(batch, std::span<float>(step_logits_)));
+  size_t row = 0;
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    step_row_[i] = row;
+    row += batch.seqs[i].all_logits ? batch.seqs[i].num_tokens : 1;
+    step_next_[i] = engine::SampleWithUniform(
+        std::span<const float>(step_logits_).subspan((row - 1) * vocab, vocab),
+        step_sampling_[i].params, step_sampling_[i].uniform);
+  }
+  return absl::OkStatus();
+}
+
+void EngineLoop::ScorePrompt(Sequence& seq, std::span<const float> rows) {
+  const size_t vocab = static_cast<size_t>(backend_->config().vocab_size);
+  const std::vector<int32_t>& prompt = seq.request.prompt;
+  const int n = static_cast<int>(rows.size() / vocab);
+  for (int t = 0; t < n; ++t) {
+    // The row after position p scores prompt token p + 1; positions scored
+    // before a preemption are not scored again.
+    const int p = seq.num_cached + t;
+    if (p + 1 >= static_cast<int>(prompt.size())) break;
+    if (p != seq.prompt_scored) continue;
+    seq.prompt_logprobs.push_back(
+        engine::Logprob(rows.subspan(t * vocab, vocab), prompt[p + 1], seq.request.top_logprobs));
+    ++seq.prompt_scored;
+  }
 }
 
 void EngineLoop::EndPaddingIfBatchOver() {
@@ -686,7 +763,7 @@ void EngineLoop::EndPaddingIfBatchOver() {
   padding_.clear();
 }
 
-void EngineLoop::Emit(Sequence& seq, int32_t token, absl::Time now) {
+void EngineLoop::Emit(Sequence& seq, int32_t token, absl::Time now, std::span<const float> logits) {
   seq.tokens.push_back(token);
   ++seq.generated;
   if (observer_ != nullptr) {
@@ -706,6 +783,13 @@ void EngineLoop::Emit(Sequence& seq, int32_t token, absl::Time now) {
   update.index = seq.index;
   update.token_ids.push_back(token);
   update.text = std::move(piece.text);
+  if (seq.request.logprobs) {
+    update.logprobs.push_back(engine::Logprob(logits, token, seq.request.top_logprobs));
+  }
+  if (seq.request.prompt_logprobs && !seq.prompt_logprobs_sent) {
+    update.prompt_logprobs = std::move(seq.prompt_logprobs);
+    seq.prompt_logprobs_sent = true;
+  }
   const auto eos = tokenizer_->eos_ids();
   std::optional<FinishReason> reason;
   if (std::find(eos.begin(), eos.end(), token) != eos.end()) {

@@ -79,12 +79,16 @@ struct EngineLoopOptions {
   bool prefix_caching = false;
   // Names what computes the blocks (the model), in every block's hash.
   std::string prefix_cache_namespace;
+  // Prompt tokens a request with prompt_logprobs prefills in one step at
+  // most: each takes a row of logits (the vocabulary's size in floats).
+  int max_scored_chunk = 256;
 };
 
 // The block ownership at one moment, for tests that check invariants.
 struct LoopSnapshot {
   struct Seq {
-    uint64_t id;
+    uint64_t id;  // the request's: each of its samples has it
+    // Its KV blocks, and before a fork those reserved for the other samples.
     std::vector<int32_t> blocks;
   };
   std::vector<Seq> running;  // and kStaticPadded's padding rows
@@ -182,7 +186,16 @@ class EngineLoop {
   void RegisterFullBlocks(Sequence& seq);
   // Lets go of the sequence's blocks.
   void ReleaseBlocks(Sequence& seq);
-  void Emit(Sequence& seq, int32_t token, absl::Time now);
+  // Streams the sequence's new token; `logits` (empty unless the step ran
+  // on the host) are those it was sampled from.
+  void Emit(Sequence& seq, int32_t token, absl::Time now, std::span<const float> logits);
+  // Runs the step with Step and samples each sequence's token here, as the
+  // backend would (log-probabilities need the logits): fills step_logits_,
+  // step_row_ and step_next_.
+  absl::Status StepOnTheHost(const engine::StepBatch& batch);
+  // Scores the prompt tokens that `rows` (the logits after each token of the
+  // sequence's chunk) predict, into its prompt_logprobs.
+  void ScorePrompt(Sequence& seq, std::span<const float> rows);
   // Queues an update for the sequence's stream; FlushDeliveries hands the
   // queue to the streams, in order.
   void Deliver(Sequence& seq, StreamUpdate update);
@@ -207,7 +220,7 @@ class EngineLoop {
   const int block_size_;
   const int total_blocks_;
   const int64_t kv_bytes_per_token_;
-  const bool copies_blocks_;  // the backend's CopyBlocks works
+  const engine::BackendCapabilities capabilities_;
 
   // ---- Shared with Submit/Cancel callers --------------------------------
   mutable absl::Mutex mu_;
@@ -247,6 +260,8 @@ class EngineLoop {
   std::vector<Sequence*> step_owner_;              // [num_chunks]
   std::vector<engine::SampleSpec> step_sampling_;  // [num_chunks]
   std::vector<int32_t> step_next_;                 // [num_chunks] sampled tokens
+  std::vector<float> step_logits_;                 // [rows, vocab] when the step ran on the host
+  std::vector<size_t> step_row_;  // [num_chunks] each chunk's first row of step_logits_
   // Updates not yet handed to their streams, in order.
   std::vector<std::pair<std::shared_ptr<OutputSink>, StreamUpdate>> outbox_;
   std::unique_ptr<StepThread> step_thread_;  // with overlap_steps

@@ -30,6 +30,13 @@ struct GenerationRequest {
   // stop, finish and updates (StreamUpdate::index). At least 1, at most the
   // loop's max_batch_size: the samples are admitted together.
   int n = 1;
+  // Log-probabilities (StreamUpdate::logprobs, ::prompt_logprobs): of each
+  // generated token, of each prompt token after the first, and at each of
+  // those positions the top_logprobs most likely tokens. Only on a backend
+  // that samples on the host (engine::BackendCapabilities).
+  bool logprobs = false;
+  int top_logprobs = 0;
+  bool prompt_logprobs = false;
 };
 
 enum class FinishReason { kLength, kStop, kEos, kCancelled };
@@ -48,6 +55,11 @@ struct StreamUpdate {
   int completion_tokens = 0;
   // Prompt tokens whose KV came from the prefix cache at admission.
   int cached_prompt_tokens = 0;
+  // With GenerationRequest::logprobs, one per token_ids entry.
+  std::vector<engine::TokenLogprob> logprobs;
+  // With GenerationRequest::prompt_logprobs, once, with sample 0's first
+  // update: one per prompt token after the first.
+  std::vector<engine::TokenLogprob> prompt_logprobs;
 };
 
 // Where a request's output goes. Called on the engine thread: it must not

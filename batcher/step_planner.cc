@@ -52,7 +52,8 @@ StepPlan PlanStep(std::span<const RunningSequence> running, int free_blocks, int
       plan.decode_tokens += s.pending_tokens;
       continue;
     }
-    const int chunk = std::min(s.pending_tokens, budget);
+    int chunk = std::min(s.pending_tokens, budget);
+    if (s.max_chunk > 0) chunk = std::min(chunk, s.max_chunk);
     if (chunk <= 0) continue;
     budget -= chunk;
     plan.chunks.push_back({static_cast<int>(i), chunk, false});

@@ -15,8 +15,9 @@
 //   2. Prefill fills the rest of `max_batch_tokens`, in admission order. A
 //      prompt longer than what is left is split: its first part runs now, the
 //      rest in later steps, so one huge prompt cannot stall everyone's next
-//      token. Prefilling sequences hold the blocks for their whole prompt
-//      from admission, so prefill never needs new blocks.
+//      token (and a sequence's own max_chunk can split it further).
+//      Prefilling sequences hold the blocks for their whole prompt from
+//      admission, so prefill never needs new blocks.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +35,8 @@ struct RunningSequence {
   // Blocks that preempting it makes available: those no other sequence
   // holds (a shared cached prefix stays held). -1: all of blocks_held.
   int blocks_released = -1;
+  // Most prefill tokens in one step; 0: no limit but the budget.
+  int max_chunk = 0;
 };
 
 struct StepChunk {

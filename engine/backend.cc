@@ -114,6 +114,12 @@ absl::Status ValidateStep(const ModelConfig& config, const KvCacheConfig& kv,
   return status;
 }
 
+size_t LogitRows(const StepBatch& batch) {
+  size_t rows = 0;
+  for (const SequenceStep& seq : batch.seqs) rows += seq.all_logits ? seq.num_tokens : 1;
+  return rows;
+}
+
 absl::Status ValidateBlockCopies(const KvCacheConfig& kv, std::span<const BlockCopy> copies) {
   auto in_range = [&kv](int32_t id) { return id >= 0 && id < kv.num_blocks; };
   for (const BlockCopy& c : copies) {
@@ -151,10 +157,12 @@ absl::Status Backend::StepAndSample(const StepBatch& batch, std::span<const Samp
                                     std::span<int32_t> tokens) {
   RETURN_IF_ERROR(CheckSampleSizes(batch, sampling.size(), tokens.size()));
   const size_t vocab = static_cast<size_t>(config().vocab_size);
-  logits_.resize(batch.seqs.size() * vocab);
+  logits_.resize(LogitRows(batch) * vocab);
   if (absl::Status status = Step(batch, std::span<float>(logits_)); !status.ok()) return status;
+  size_t row = 0;  // past the rows of the sequences before
   for (size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = SampleWithUniform(std::span<const float>(logits_).subspan(i * vocab, vocab),
+    row += batch.seqs[i].all_logits ? batch.seqs[i].num_tokens : 1;
+    tokens[i] = SampleWithUniform(std::span<const float>(logits_).subspan((row - 1) * vocab, vocab),
                                   sampling[i].params, sampling[i].uniform);
   }
   return absl::OkStatus();

@@ -46,12 +46,20 @@ struct SequenceStep {
   // block_table[p / block_size] at offset p % block_size. Covers at least
   // positions [0, start_pos + num_tokens).
   std::span<const int32_t> block_table;
+  // Step writes the logits after every token of this sequence, in order,
+  // not only after its last (prompt log-probabilities). Only for a backend
+  // whose capabilities say all_logits.
+  bool all_logits = false;
 };
 
 struct StepBatch {
   std::span<const int32_t> tokens;     // [total_tokens]: sequence after sequence
   std::span<const SequenceStep> seqs;  // [num_seqs]; sum of num_tokens == total_tokens
 };
+
+// The rows of logits Step writes for `batch`: one per sequence, or one per
+// token of a sequence with all_logits.
+size_t LogitRows(const StepBatch& batch);
 
 // How one sequence of a step picks its next token (Backend::StepAndSample).
 struct SampleSpec {
@@ -93,6 +101,12 @@ struct BackendCapabilities {
   bool overlap_pays = true;
   // CopyBlocks copies KV blocks (else it is UNIMPLEMENTED).
   bool copies_blocks = false;
+  // Step honours SequenceStep::all_logits.
+  bool all_logits = false;
+  // StepAndSample picks exactly what SampleWithUniform picks from Step's
+  // logits: a caller that needs the logits too (log-probabilities) may call
+  // Step and sample on the host without changing any token.
+  bool samples_on_host = false;
 };
 
 // One KV block to copy (Backend::CopyBlocks).
@@ -111,13 +125,14 @@ class Backend {
 
   // Runs every token of `batch` through the model at its position, writes each
   // token's K and V into its sequence's blocks, and writes the logits that
-  // follow the last token of each sequence into `logits` [num_seqs, vocab_size].
+  // follow the last token of each sequence (each token of one with
+  // all_logits) into `logits` [LogitRows(batch), vocab_size], in order.
   // Sequences attend only to their own cache. On error nothing is promised
   // about the KV contents of the sequences in the batch.
   virtual absl::Status Step(const StepBatch& batch, std::span<float> logits) = 0;
 
-  // Runs Step and picks each sequence's next token: tokens[i] follows
-  // batch.seqs[i], sampled as sampling[i] says. The default samples the
+  // Runs Step and picks each sequence's next token: tokens[i] follows the
+  // last token of batch.seqs[i], sampled as sampling[i] says. The default samples the
   // logits on the host (SampleWithUniform); the CUDA backend samples on the
   // device, so that only token ids cross to the host.
   virtual absl::Status StepAndSample(const StepBatch& batch, std::span<const SampleSpec> sampling,

@@ -199,4 +199,32 @@ int32_t SampleWithUniform(std::span<const float> logits, const SamplingParams& p
   return SampleImpl(logits, params, [uniform] { return uniform; });
 }
 
+TokenLogprob Logprob(std::span<const float> logits, int32_t token, int top) {
+  float max = -std::numeric_limits<float>::infinity();
+  for (const float x : logits) max = std::max(max, x);
+  double sum = 0.0;
+  for (const float x : logits) sum += std::exp(static_cast<double>(x) - max);
+  const double log_normalizer = max + std::log(sum);
+  auto logprob = [&](int32_t id) {
+    return static_cast<float>(static_cast<double>(logits[id]) - log_normalizer);
+  };
+  TokenLogprob out;
+  out.token = token;
+  out.logprob = logprob(token);
+  if (top > 0) {
+    std::vector<int32_t> ids(logits.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+    const auto first = ids.begin() + std::min<size_t>(top, ids.size());
+    // NaN ranks below everything (a strict weak order).
+    auto key = [&](int32_t id) {
+      return std::isnan(logits[id]) ? -std::numeric_limits<float>::infinity() : logits[id];
+    };
+    std::partial_sort(ids.begin(), first, ids.end(), [&](int32_t a, int32_t b) {
+      return key(a) != key(b) ? key(a) > key(b) : a < b;
+    });
+    for (auto it = ids.begin(); it != first; ++it) out.top.emplace_back(*it, logprob(*it));
+  }
+  return out;
+}
+
 }  // namespace coalesce::engine

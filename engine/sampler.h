@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
+#include <vector>
 
 namespace coalesce::engine {
 
@@ -37,5 +39,19 @@ int32_t Sample(std::span<const float> logits, const SamplingParams& params, Rng&
 // rng.NextFloat()) whenever p.temperature > 0 and the logits are finite.
 int32_t SampleWithUniform(std::span<const float> logits, const SamplingParams& params,
                           float uniform);
+
+// A token's log-probability at a position, and the most likely tokens there.
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  // (token, logprob), most likely first; among equals, the lower id first.
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+// The log-softmax of `logits` at `token` and at the `top` most likely ids:
+// logit - (max + log(sum of exp(logit - max))), the sum taken in double and
+// the result rounded to float. The model's own distribution: no temperature
+// or truncation. `token` must be within the logits; `top` at most their size.
+TokenLogprob Logprob(std::span<const float> logits, int32_t token, int top);
 
 }  // namespace coalesce::engine

@@ -42,6 +42,18 @@ v1::FinishReason ToProto(batcher::FinishReason reason) {
   }
   return v1::FINISH_REASON_UNSPECIFIED;
 }
+
+void ToProto(const engine::TokenLogprob& in, const engine::Tokenizer* tokenizer,
+             v1::TokenLogprob* out) {
+  out->set_token_id(in.token);
+  out->set_logprob(in.logprob);
+  for (const auto& [id, logprob] : in.top) {
+    v1::TopLogprob* top = out->add_top();
+    top->set_token_id(id);
+    top->set_logprob(logprob);
+    if (tokenizer != nullptr) top->set_text(engine::Decode(*tokenizer, std::span(&id, 1)));
+  }
+}
 }  // namespace
 
 GenerateReactor::GenerateReactor(grpc::CallbackServerContext* context, batcher::EngineLoop* loop,
@@ -94,6 +106,12 @@ void GenerateReactor::Deliver(batcher::StreamUpdate update) {
       v1::GenerateResponse& out = pending_[i];
       for (int32_t id : update.token_ids) out.add_token_ids(id);
       out.mutable_text()->append(update.text);
+      for (const engine::TokenLogprob& lp : update.logprobs) {
+        ToProto(lp, options_.tokenizer, out.add_logprobs());
+      }
+      for (const engine::TokenLogprob& lp : update.prompt_logprobs) {
+        ToProto(lp, options_.tokenizer, out.add_prompt_logprobs());
+      }
       if (update.finished && update.status.ok()) {
         out.set_finish_reason(ToProto(update.finish_reason));
         out.mutable_usage()->set_prompt_tokens(update.prompt_tokens);

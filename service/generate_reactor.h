@@ -32,6 +32,7 @@
 #include "batcher/engine_loop.h"
 #include "batcher/request.h"
 #include "coalesce/v1/generator.grpc.pb.h"
+#include "engine/tokenizer/tokenizer.h"
 
 namespace coalesce::service {
 
@@ -43,6 +44,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     std::function<void()> on_stall;
     // Called last, from OnDone.
     std::function<void()> on_done;
+    // Gives the text of the tokens of log-probabilities (TopLogprob.text).
+    const engine::Tokenizer* tokenizer = nullptr;
   };
   GenerateReactor(grpc::CallbackServerContext* context, batcher::EngineLoop* loop, Options options);
 

@@ -121,6 +121,9 @@ absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
   out.stop.assign(request.stop().begin(), request.stop().end());
   out.priority = request.priority();
   out.n = std::max(request.n(), 1);
+  out.logprobs = request.logprobs();
+  out.top_logprobs = request.top_logprobs();
+  out.prompt_logprobs = request.prompt_logprobs();
   return out;
 }
 
@@ -154,6 +157,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GeneratorService::Generate(
   }
   GenerateReactor::Options reactor_options;
   reactor_options.stall_timeout = options_.stream_stall_timeout;
+  reactor_options.tokenizer = tokenizer_;
   reactor_options.on_stall = [this] {
     if (metrics_ != nullptr) metrics_->OnStalledStream();
   };

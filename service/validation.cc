@@ -84,6 +84,10 @@ absl::Status ValidateGenerateRequest(const v1::GenerateRequest& request,
     return InvalidArgumentError(StrCat("cache_salt must be at most ", limits.max_cache_salt_bytes,
                                        " bytes, got ", request.cache_salt().size()));
   }
+  if (request.top_logprobs() < 0 || request.top_logprobs() > limits.max_top_logprobs) {
+    return InvalidArgumentError(StrCat("top_logprobs must be 0 to ", limits.max_top_logprobs,
+                                       ", got ", request.top_logprobs()));
+  }
   if (request.n() < 0 || request.n() > limits.max_samples) {
     return InvalidArgumentError(
         StrCat("n must be 1 to ", limits.max_samples, " samples (0: 1), got ", request.n()));

@@ -18,7 +18,8 @@ struct RequestLimits {
   int max_stop_bytes = 256;
   int max_request_id_bytes = 256;
   int max_cache_salt_bytes = 256;
-  int max_samples = 16;     // GenerateRequest.n
+  int max_samples = 16;  // GenerateRequest.n
+  int max_top_logprobs = 20;
   int max_messages = 1024;  // messages of a conversation
   int max_role_bytes = 64;  // each message's role
 };

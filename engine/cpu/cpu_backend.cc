@@ -68,7 +68,9 @@ class CpuBackend final : public Backend {
     return {.runs_model = true,
             .weights_in_host_memory = true,
             .overlap_pays = true,
-            .copies_blocks = true};
+            .copies_blocks = true,
+            .all_logits = true,
+            .samples_on_host = true};
   }
   absl::Status CopyBlocks(std::span<const BlockCopy> copies) override {
     if (absl::Status s = ValidateBlockCopies(kv_, copies); !s.ok()) return s;
@@ -82,7 +84,7 @@ class CpuBackend final : public Backend {
 
  private:
   absl::Status Validate(const StepBatch& batch, std::span<float> logits);
-  void Resize(int num_tokens, int num_seqs);
+  void Resize(int num_tokens, int logit_rows);
   // K (kind 0) or V (kind 1) of `layer` in `block`: [block_size, kv_dim].
   float* Cache(int32_t block, int layer, int kind) {
     const int64_t slab = int64_t{kv_.block_size} * c_.kv_dim();
@@ -109,7 +111,7 @@ class CpuBackend final : public Backend {
   std::vector<float> att_;            // [num_tokens, dim] attention output, before wo
   std::vector<float> hb_;             // [num_tokens, hidden_dim] gate, then silu(gate) * up
   std::vector<float> hb2_;            // [num_tokens, hidden_dim] up
-  std::vector<float> last_;           // [num_seqs, dim] final-normed last row of each sequence
+  std::vector<float> last_;           // [LogitRows, dim] final-normed rows that get logits
   std::vector<int32_t> pos_;          // [num_tokens] position of each token
   std::vector<int32_t> seq_;          // [num_tokens] sequence of each token
   std::vector<int32_t> block_owner_;  // [num_blocks] validation: sequence writing it, or -1
@@ -121,16 +123,16 @@ class CpuBackend final : public Backend {
 // ---------------------------------------------------------------------------
 
 absl::Status CpuBackend::Validate(const StepBatch& batch, std::span<float> logits) {
-  const size_t num_seqs = batch.seqs.size();
-  if (logits.size() < num_seqs * c_.vocab_size) {
+  const size_t rows = LogitRows(batch);
+  if (logits.size() < rows * c_.vocab_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("logits has ", logits.size(),
-                     " floats, need num_seqs * vocab_size = ", num_seqs * c_.vocab_size));
+                     " floats, need LogitRows * vocab_size = ", rows * c_.vocab_size));
   }
   return ValidateStep(c_, kv_, batch, block_owner_);
 }
 
-void CpuBackend::Resize(int num_tokens, int num_seqs) {
+void CpuBackend::Resize(int num_tokens, int logit_rows) {
   const size_t t = num_tokens;
   auto grow = [](std::vector<float>& v, size_t n) {
     if (v.size() < n) v.resize(n);
@@ -143,7 +145,7 @@ void CpuBackend::Resize(int num_tokens, int num_seqs) {
   grow(att_, t * c_.dim);
   grow(hb_, t * c_.hidden_dim);
   grow(hb2_, t * c_.hidden_dim);
-  grow(last_, static_cast<size_t>(num_seqs) * c_.dim);
+  grow(last_, static_cast<size_t>(logit_rows) * c_.dim);
   pos_.resize(t);
   seq_.resize(t);
 }
@@ -213,7 +215,7 @@ absl::Status CpuBackend::Step(const StepBatch& batch, std::span<float> logits) {
   const int num_tokens = static_cast<int>(batch.tokens.size());
   const int num_seqs = static_cast<int>(batch.seqs.size());
   if (num_tokens == 0) return absl::OkStatus();
-  Resize(num_tokens, num_seqs);
+  Resize(num_tokens, static_cast<int>(LogitRows(batch)));
   const ModelWeights& w = model_->weights;
   const int dim = c_.dim, kv_dim = c_.kv_dim(), hidden = c_.hidden_dim, hs = c_.head_dim();
   const int bs = kv_.block_size;
@@ -291,13 +293,18 @@ absl::Status CpuBackend::Step(const StepBatch& batch, std::span<float> logits) {
     for (size_t i = 0; i < static_cast<size_t>(num_tokens) * dim; ++i) x_[i] += xb_[i];
   }
 
-  // 6. Final norm and classifier, only for the row each sequence samples from.
+  // 6. Final norm and classifier, only for the row each sequence samples from
+  //    (every row of a sequence with all_logits).
+  int rows = 0;
   for (int s = 0, t = 0; s < num_seqs; ++s) {
-    t += batch.seqs[s].num_tokens;
-    cpu::RmsNorm(&x_[static_cast<size_t>(t - 1) * dim], w.final_norm.data(), dim, eps,
-                 &last_[static_cast<size_t>(s) * dim]);
+    const int n = batch.seqs[s].num_tokens;
+    for (int r = batch.seqs[s].all_logits ? t : t + n - 1; r < t + n; ++r, ++rows) {
+      cpu::RmsNorm(&x_[static_cast<size_t>(r) * dim], w.final_norm.data(), dim, eps,
+                   &last_[static_cast<size_t>(rows) * dim]);
+    }
+    t += n;
   }
-  cpu::Matmul(pool_, last_.data(), dim, num_seqs, w.classifier.data(), c_.vocab_size, dim,
+  cpu::Matmul(pool_, last_.data(), dim, rows, w.classifier.data(), c_.vocab_size, dim,
               logits.data(), c_.vocab_size);
   return absl::OkStatus();
 }

