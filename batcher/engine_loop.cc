@@ -39,7 +39,11 @@ struct EngineLoop::Sequence {
         index(index),
         rng(request.seed + static_cast<uint64_t>(index)),
         tokens(request.prompt),
-        prefill_end(static_cast<int>(tokens.size())) {}
+        prefill_end(static_cast<int>(tokens.size())) {
+    if (request.controls.active() || request.min_tokens > 0) {
+      processor.emplace(request.controls, request.prompt);
+    }
+  }
 
   // Positions not yet in the KV cache: the prompt (or everything, after a
   // preemption), or the one token sampled last.
@@ -63,6 +67,16 @@ struct EngineLoop::Sequence {
   // With prompt_logprobs: prompt tokens after the first not yet scored.
   bool scoring_prompt() const {
     return request.prompt_logprobs && prompt_scored < static_cast<int>(request.prompt.size()) - 1;
+  }
+  // The tokens it may not sample now: before min_tokens, those that would
+  // end it.
+  std::span<const int32_t> banned() const {
+    return generated < request.min_tokens ? std::span<const int32_t>(end_tokens)
+                                          : std::span<const int32_t>();
+  }
+  // Whether its logits must be changed before it samples.
+  bool processes_logits() const {
+    return processor.has_value() && (processor->controls().active() || !banned().empty());
   }
 
   const uint64_t id;
@@ -92,6 +106,12 @@ struct EngineLoop::Sequence {
   std::vector<engine::TokenLogprob> prompt_logprobs;
   int prompt_scored = 0;
   bool prompt_logprobs_sent = false;
+  // With logits controls or min_tokens: counts its tokens and changes its
+  // logits (engine/logits_processor.h).
+  std::optional<engine::LogitsProcessor> processor;
+  // With min_tokens: the tokens that would end it (end-of-sequence, unless
+  // ignored, and stop_token_ids).
+  std::vector<int32_t> end_tokens;
   std::optional<engine::TextStream> text;  // from the first admission on
   absl::Time last_token_at;
   absl::Duration window_wait;  // time held by the coalescing window
@@ -175,6 +195,13 @@ absl::StatusOr<uint64_t> EngineLoop::Submit(GenerationRequest request,
     return absl::UnimplementedError(absl::StrCat("log-probabilities are not available on the ",
                                                  std::string(backend_->name()), " backend yet"));
   }
+  if ((request.controls.active() || request.sampling.min_p > 0.0f || request.min_tokens > 0) &&
+      !capabilities_.samples_on_host) {
+    return absl::UnimplementedError(absl::StrCat(
+        "repetition_penalty, frequency_penalty, presence_penalty, logit_bias, min_p and "
+        "min_tokens are not available on the ",
+        std::string(backend_->name()), " backend yet"));
+  }
   if (request.top_logprobs < 0 || request.top_logprobs > backend_->config().vocab_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("top_logprobs = ", request.top_logprobs, ": 0 to the vocabulary's size"));
@@ -212,6 +239,7 @@ absl::StatusOr<uint64_t> EngineLoop::Submit(GenerationRequest request,
   }
   const uint64_t id = next_id_++;
   auto seq = std::make_unique<Sequence>(id, std::move(request), std::move(sink));
+  if (seq->request.min_tokens > 0) seq->end_tokens = EndTokens(seq->request);
   if (seq->request.n > 1) {
     // Everything but the last token, computed once (see Sequence).
     seq->samples = seq->request.n;
@@ -540,6 +568,7 @@ void EngineLoop::Fork(Sequence& parent) {
     child->prompt_logprobs_sent = true;
     child->group = parent.group;
     child->shares_blocks = true;
+    child->end_tokens = parent.end_tokens;
     child->text.emplace(*tokenizer_, child->tokens.back(), child->request.stop);
     children.push_back(std::move(child));
   }
@@ -632,12 +661,16 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
   // takes a greedy placeholder and draws nothing from its Rng.
   // Log-probabilities need the logits: then the step's tokens are sampled
   // here, as the backend would sample them (capabilities().samples_on_host).
+  // So do logits controls, applied to a copy of the row (StepOnTheHost).
   step_sampling_.clear();
+  step_process_.clear();
   bool need_logits = false;
   for (size_t i = 0; i < step_owner_.size(); ++i) {
     engine::SampleSpec spec;  // greedy, for padding rows
+    ProcessSpec process;
     if (step_owner_[i] == nullptr) {
       step_sampling_.push_back(spec);
+      step_process_.push_back(process);
       continue;
     }
     Sequence& seq = *step_owner_[i];
@@ -645,9 +678,14 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
       spec.params = seq.request.sampling;
       if (spec.params.temperature > 0.0f) spec.uniform = seq.rng.NextFloat();
       need_logits |= seq.request.logprobs;
+      if (seq.processes_logits()) {
+        process = {&*seq.processor, seq.banned()};
+        need_logits = true;
+      }
     }
     need_logits |= step_seqs_[i].all_logits;
     step_sampling_.push_back(spec);
+    step_process_.push_back(process);
   }
   step_next_.resize(step_owner_.size());
   step_row_.resize(step_owner_.size());
@@ -734,11 +772,27 @@ absl::Status EngineLoop::StepOnTheHost(const engine::StepBatch& batch) {
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
     step_row_[i] = row;
     row += batch.seqs[i].all_logits ? batch.seqs[i].num_tokens : 1;
-    step_next_[i] = engine::SampleWithUniform(
-        std::span<const float>(step_logits_).subspan((row - 1) * vocab, vocab),
-        step_sampling_[i].params, step_sampling_[i].uniform);
+    std::span<const float> logits =
+        std::span<const float>(step_logits_).subspan((row - 1) * vocab, vocab);
+    if (const ProcessSpec& process = step_process_[i]; process.processor != nullptr) {
+      // A copy: the row itself stays the model's, for log-probabilities.
+      step_scratch_.assign(logits.begin(), logits.end());
+      process.processor->Apply(step_scratch_, process.banned);
+      logits = step_scratch_;
+    }
+    step_next_[i] =
+        engine::SampleWithUniform(logits, step_sampling_[i].params, step_sampling_[i].uniform);
   }
   return absl::OkStatus();
+}
+
+std::vector<int32_t> EngineLoop::EndTokens(const GenerationRequest& request) const {
+  std::vector<int32_t> out = request.stop_token_ids;
+  if (!request.ignore_eos) {
+    const auto eos = tokenizer_->eos_ids();
+    out.insert(out.end(), eos.begin(), eos.end());
+  }
+  return out;
 }
 
 void EngineLoop::ScorePrompt(Sequence& seq, std::span<const float> rows) {
@@ -777,8 +831,14 @@ void EngineLoop::Emit(Sequence& seq, int32_t token, absl::Time now, std::span<co
     }
   }
   seq.last_token_at = now;
+  if (seq.processor.has_value()) seq.processor->Accept(token);
 
-  engine::TextStream::Piece piece = seq.text->Push(token);
+  // A stop token's text is not sent, as a stop sequence's is not.
+  const bool stop_token =
+      std::find(seq.request.stop_token_ids.begin(), seq.request.stop_token_ids.end(), token) !=
+      seq.request.stop_token_ids.end();
+  engine::TextStream::Piece piece;
+  if (!stop_token) piece = seq.text->Push(token);
   StreamUpdate update;
   update.index = seq.index;
   update.token_ids.push_back(token);
@@ -792,9 +852,9 @@ void EngineLoop::Emit(Sequence& seq, int32_t token, absl::Time now, std::span<co
   }
   const auto eos = tokenizer_->eos_ids();
   std::optional<FinishReason> reason;
-  if (std::find(eos.begin(), eos.end(), token) != eos.end()) {
+  if (!seq.request.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end()) {
     reason = FinishReason::kEos;
-  } else if (piece.stopped) {
+  } else if (stop_token || piece.stopped) {
     reason = FinishReason::kStop;
   } else if (seq.generated >= seq.request.max_new_tokens ||
              static_cast<int>(seq.tokens.size()) >= backend_->config().max_seq_len) {
@@ -811,7 +871,7 @@ void EngineLoop::Emit(Sequence& seq, int32_t token, absl::Time now, std::span<co
     seq.blocks.clear();
   }
   // Unless a stop sequence ended it, the text the stream still holds goes out.
-  if (*reason != FinishReason::kStop) update.text += seq.text->Finish();
+  if (!piece.stopped) update.text += seq.text->Finish();
   update.finish_reason = *reason;
   Finish(seq, std::move(update));
 }

@@ -52,6 +52,7 @@
 #include "batcher/step_planner.h"
 #include "common/clock.h"
 #include "engine/backend.h"
+#include "engine/logits_processor.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer/text_stream.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -190,9 +191,12 @@ class EngineLoop {
   // on the host) are those it was sampled from.
   void Emit(Sequence& seq, int32_t token, absl::Time now, std::span<const float> logits);
   // Runs the step with Step and samples each sequence's token here, as the
-  // backend would (log-probabilities need the logits): fills step_logits_,
-  // step_row_ and step_next_.
+  // backend would (log-probabilities and logits controls need the logits):
+  // fills step_logits_, step_row_ and step_next_.
   absl::Status StepOnTheHost(const engine::StepBatch& batch);
+  // The tokens min_tokens bans: stop_token_ids, and the tokenizer's
+  // end-of-sequence tokens unless ignore_eos.
+  std::vector<int32_t> EndTokens(const GenerationRequest& request) const;
   // Scores the prompt tokens that `rows` (the logits after each token of the
   // sequence's chunk) predict, into its prompt_logprobs.
   void ScorePrompt(Sequence& seq, std::span<const float> rows);
@@ -259,9 +263,17 @@ class EngineLoop {
   std::vector<engine::SequenceStep> step_seqs_;    // [num_chunks]
   std::vector<Sequence*> step_owner_;              // [num_chunks]
   std::vector<engine::SampleSpec> step_sampling_;  // [num_chunks]
-  std::vector<int32_t> step_next_;                 // [num_chunks] sampled tokens
-  std::vector<float> step_logits_;                 // [rows, vocab] when the step ran on the host
-  std::vector<size_t> step_row_;  // [num_chunks] each chunk's first row of step_logits_
+  // How a chunk's sampled row is changed first (StepOnTheHost): nothing, or
+  // its sequence's logits controls and the tokens it may not sample yet.
+  struct ProcessSpec {
+    const engine::LogitsProcessor* processor = nullptr;
+    std::span<const int32_t> banned;
+  };
+  std::vector<ProcessSpec> step_process_;  // [num_chunks]
+  std::vector<float> step_scratch_;        // [vocab] a processed row
+  std::vector<int32_t> step_next_;         // [num_chunks] sampled tokens
+  std::vector<float> step_logits_;         // [rows, vocab] when the step ran on the host
+  std::vector<size_t> step_row_;           // [num_chunks] each chunk's first row of step_logits_
   // Updates not yet handed to their streams, in order.
   std::vector<std::pair<std::shared_ptr<OutputSink>, StreamUpdate>> outbox_;
   std::unique_ptr<StepThread> step_thread_;  // with overlap_steps

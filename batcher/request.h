@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "engine/logits_processor.h"
 #include "engine/sampler.h"
 
 namespace coalesce::batcher {
@@ -37,6 +38,18 @@ struct GenerationRequest {
   bool logprobs = false;
   int top_logprobs = 0;
   bool prompt_logprobs = false;
+  // Changes to the logits before sampling (engine/logits_processor.h); only
+  // on a backend that samples on the host, as are sampling.min_p and
+  // min_tokens.
+  engine::LogitsControls controls;
+  // The tokenizer's end-of-sequence tokens and stop_token_ids cannot be
+  // sampled before this many tokens have been generated.
+  int min_tokens = 0;
+  // An end-of-sequence token does not end the generation.
+  bool ignore_eos = false;
+  // Generating one of these ends the generation (FinishReason::kStop); its
+  // id is sent, its text is not.
+  std::vector<int32_t> stop_token_ids;
 };
 
 enum class FinishReason { kLength, kStop, kEos, kCancelled };

@@ -128,7 +128,10 @@ int32_t SampleImpl(std::span<const float> logits, const SamplingParams& params, 
 
   const int top_k = params.top_k > 0 ? std::min(params.top_k, n) : n;
   const bool use_top_p = params.top_p < 1.0f;
-  if (top_k == n && !use_top_p) {
+  // min_p's threshold, against the most likely token's (unnormalised: 1).
+  const bool use_min_p = params.min_p > 0.0f;
+  const float min_p_cutoff = params.min_p * probs[argmax];
+  if (top_k == n && !use_top_p && !use_min_p) {
     // No restriction: walk the vocabulary in id order.
     const double r = draw() * sum;
     double cumulative = 0.0;
@@ -162,7 +165,11 @@ int32_t SampleImpl(std::span<const float> logits, const SamplingParams& params, 
       std::push_heap(cand.begin(), cand.end(), MoreLikely);
     }
   } else {
-    const double cutoff = n > 1 ? 0.5 * (1.0 - params.top_p) / (n - 1) * sum : 0.0;
+    double cutoff = n > 1 ? 0.5 * (1.0 - params.top_p) / (n - 1) * sum : 0.0;
+    // A token below min_p survives in no case (a prefix of the order, as
+    // the nucleus is: the nucleus of what is left, measured against the
+    // whole mass, ends where the nucleus would or earlier).
+    if (use_min_p) cutoff = std::max(cutoff, static_cast<double>(min_p_cutoff));
     for (int i = 0; i < n; ++i) {
       if (probs[i] >= cutoff || i == argmax) cand.push_back({probs[i], i});
     }
@@ -177,6 +184,19 @@ int32_t SampleImpl(std::span<const float> logits, const SamplingParams& params, 
     keep = SelectNucleus(cand, std::max(params.top_p, 0.0f) * total);
     kept_mass = 0.0;
     for (size_t i = 0; i < keep; ++i) kept_mass += cand[i].p;
+  }
+  if (use_min_p) {
+    // Filter cand[0, keep) in place, keeping its order; the most likely
+    // token always stays.
+    size_t kept = 0;
+    kept_mass = 0.0;
+    for (size_t i = 0; i < keep; ++i) {
+      if (cand[i].p >= min_p_cutoff || cand[i].id == argmax) {
+        kept_mass += cand[i].p;
+        cand[kept++] = cand[i];
+      }
+    }
+    keep = kept;
   }
   // Draw within cand[0, keep), in the (deterministic) order selection left.
   const double r = draw() * kept_mass;

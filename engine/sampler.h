@@ -13,6 +13,9 @@ struct SamplingParams {
   float temperature = 0.0f;  // 0: greedy (argmax, ties to the lowest id)
   int top_k = 0;             // 0: no limit
   float top_p = 1.0f;        // nucleus mass in (0, 1]; 1: no limit
+  // After top_k and top_p, drop tokens less likely than min_p times the
+  // most likely one (transformers' MinPLogitsWarper). In [0, 1]; 0: off.
+  float min_p = 0.0f;
 };
 
 // xoshiro256** seeded through splitmix64: small, fast, and the same sequence
@@ -30,7 +33,8 @@ class Rng {
 
 // Samples one token id. Order: temperature scales the logits, softmax, keep
 // the top_k most likely, keep the smallest prefix (by descending probability)
-// whose mass reaches top_p, renormalise, draw. Greedy ignores top_k/top_p and
+// whose mass reaches top_p, keep those at least min_p times as likely as the
+// most likely, renormalise, draw. Greedy ignores top_k/top_p and
 // draws nothing from `rng`.
 int32_t Sample(std::span<const float> logits, const SamplingParams& params, Rng& rng);
 

@@ -117,6 +117,17 @@ absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
   out.sampling.temperature = sampling.temperature();
   out.sampling.top_k = sampling.top_k();
   out.sampling.top_p = sampling.has_top_p() ? sampling.top_p() : 1.0f;
+  out.sampling.min_p = sampling.min_p();
+  out.controls.repetition_penalty =
+      sampling.has_repetition_penalty() ? sampling.repetition_penalty() : 1.0f;
+  out.controls.frequency_penalty = sampling.frequency_penalty();
+  out.controls.presence_penalty = sampling.presence_penalty();
+  // By id: a map's order is unspecified, the bias's must not be.
+  out.controls.logit_bias.assign(sampling.logit_bias().begin(), sampling.logit_bias().end());
+  std::sort(out.controls.logit_bias.begin(), out.controls.logit_bias.end());
+  out.min_tokens = sampling.min_tokens();
+  out.ignore_eos = sampling.ignore_eos();
+  out.stop_token_ids.assign(sampling.stop_token_ids().begin(), sampling.stop_token_ids().end());
   out.seed = sampling.has_seed() ? sampling.seed() : RandomSeed();
   out.stop.assign(request.stop().begin(), request.stop().end());
   out.priority = request.priority();

@@ -65,6 +65,57 @@ absl::Status ValidateGenerateRequest(const v1::GenerateRequest& request,
   if (sampling.has_top_p() && !(sampling.top_p() > 0.0f && sampling.top_p() <= 1.0f)) {
     return InvalidArgumentError(StrCat("sampling.top_p must be in (0, 1], got ", sampling.top_p()));
   }
+  if (sampling.has_repetition_penalty() &&
+      !(sampling.repetition_penalty() > 0.0f && sampling.repetition_penalty() <= 10.0f)) {
+    return InvalidArgumentError(
+        StrCat("sampling.repetition_penalty must be in (0, 10] (1: off), got ",
+               sampling.repetition_penalty()));
+  }
+  if (!(sampling.frequency_penalty() >= -2.0f && sampling.frequency_penalty() <= 2.0f)) {
+    return InvalidArgumentError(StrCat("sampling.frequency_penalty must be in [-2, 2], got ",
+                                       sampling.frequency_penalty()));
+  }
+  if (!(sampling.presence_penalty() >= -2.0f && sampling.presence_penalty() <= 2.0f)) {
+    return InvalidArgumentError(
+        StrCat("sampling.presence_penalty must be in [-2, 2], got ", sampling.presence_penalty()));
+  }
+  if (!(sampling.min_p() >= 0.0f && sampling.min_p() <= 1.0f)) {
+    return InvalidArgumentError(
+        StrCat("sampling.min_p must be in [0, 1] (0: off), got ", sampling.min_p()));
+  }
+  if (sampling.min_tokens() < 0 || sampling.min_tokens() > request.max_new_tokens()) {
+    return InvalidArgumentError(StrCat("sampling.min_tokens must be 0 to max_new_tokens (",
+                                       request.max_new_tokens(), "), got ", sampling.min_tokens()));
+  }
+  if (sampling.stop_token_ids_size() > limits.max_stop_token_ids) {
+    return InvalidArgumentError(StrCat("at most ", limits.max_stop_token_ids,
+                                       " sampling.stop_token_ids are allowed, got ",
+                                       sampling.stop_token_ids_size()));
+  }
+  {
+    const auto& ids = sampling.stop_token_ids();
+    if (absl::Status s = ValidateTokenIds({ids.data(), static_cast<size_t>(ids.size())},
+                                          limits.vocab_size, "sampling.stop_token_ids");
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (static_cast<int>(sampling.logit_bias_size()) > limits.max_logit_bias) {
+    return InvalidArgumentError(StrCat("sampling.logit_bias may have at most ",
+                                       limits.max_logit_bias, " entries, got ",
+                                       sampling.logit_bias_size()));
+  }
+  for (const auto& [id, bias] : sampling.logit_bias()) {
+    if (id < 0 || id >= limits.vocab_size) {
+      return InvalidArgumentError(StrCat("sampling.logit_bias key ", id,
+                                         " is outside the vocabulary [0, ", limits.vocab_size,
+                                         ")"));
+    }
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return InvalidArgumentError(
+          StrCat("sampling.logit_bias[", id, "] must be in [-100, 100], got ", bias));
+    }
+  }
   if (request.stop_size() > limits.max_stop_sequences) {
     return InvalidArgumentError(StrCat("at most ", limits.max_stop_sequences,
                                        " stop sequences are allowed, got ", request.stop_size()));

@@ -20,8 +20,10 @@ struct RequestLimits {
   int max_cache_salt_bytes = 256;
   int max_samples = 16;  // GenerateRequest.n
   int max_top_logprobs = 20;
-  int max_messages = 1024;  // messages of a conversation
-  int max_role_bytes = 64;  // each message's role
+  int max_stop_token_ids = 16;  // SamplingParams.stop_token_ids
+  int max_logit_bias = 1024;    // SamplingParams.logit_bias entries
+  int max_messages = 1024;      // messages of a conversation
+  int max_role_bytes = 64;      // each message's role
 };
 
 // Everything that can be checked before the prompt is tokenized.

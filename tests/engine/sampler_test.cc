@@ -138,6 +138,48 @@ TEST(SampleTest, TopPRenormalisesTheNucleus) {
   EXPECT_NEAR(zeros / static_cast<double>(n), 2.0 / 3.0, 0.01);
 }
 
+// min_p keeps the tokens at least min_p times as likely as the most likely
+// (after temperature), after top_k and top_p, and renormalises them; every
+// draw then lands on one of them in proportion.
+TEST(SampleTest, MinPKeepsTokensNearTheMostLikely) {
+  // At T=1 proportional to 8:4:2:1:1.
+  const std::vector<float> logits = {std::log(8.f), std::log(4.f), std::log(2.f), 0.f, 0.f};
+  auto kept = [&](SamplingParams p) {
+    std::vector<int> counts(logits.size(), 0);
+    const int n = 4000;
+    for (int i = 0; i < n; ++i) ++counts[SampleWithUniform(logits, p, (i + 0.5f) / n)];
+    return counts;
+  };
+  // 0.25 of the top (8) is 2: tokens 0, 1, 2 stay, in proportion 8:4:2.
+  std::vector<int> c = kept({.temperature = 1.0f, .min_p = 0.25f});
+  EXPECT_EQ(c[3] + c[4], 0);
+  EXPECT_NEAR(c[0] / 4000.0, 8.0 / 14, 0.002);
+  EXPECT_NEAR(c[2] / 4000.0, 2.0 / 14, 0.002);
+  // Just above 0.25: token 2 goes too.
+  c = kept({.temperature = 1.0f, .min_p = 0.26f});
+  EXPECT_EQ(c[2] + c[3] + c[4], 0);
+  EXPECT_GT(c[1], 0);
+  // min_p looks after temperature: at T=2 the proportions are the square
+  // roots, 2.83:2:1.41:1:1, and 0.34 * 2.83 = 0.96 keeps every token.
+  c = kept({.temperature = 2.0f, .min_p = 0.34f});
+  EXPECT_GT(c[3], 0);
+  EXPECT_GT(c[4], 0);
+  // After top_k: top_k 4 drops token 4 (the later of the two equal ones),
+  // min_p 0.1 keeps the rest.
+  c = kept({.temperature = 1.0f, .top_k = 4, .min_p = 0.1f});
+  EXPECT_EQ(c[4], 0);
+  EXPECT_GT(c[3], 0);
+  // With top_p: the nucleus of 0.9 is tokens 0-3 (15/16 >= 0.9 > 14/16),
+  // min_p 0.2 then drops token 3 (1 < 1.6).
+  c = kept({.temperature = 1.0f, .top_p = 0.9f, .min_p = 0.2f});
+  EXPECT_EQ(c[3] + c[4], 0);
+  EXPECT_NEAR(c[2] / 4000.0, 2.0 / 14, 0.002);
+  // min_p 1 leaves the most likely alone; greedy ignores min_p.
+  c = kept({.temperature = 1.0f, .min_p = 1.0f});
+  EXPECT_EQ(c[0], 4000);
+  EXPECT_EQ(SampleWithUniform(logits, {.temperature = 0.0f, .min_p = 0.9f}, 0.5f), 0);
+}
+
 // The log-softmax against a direct computation in long double, the top
 // tokens in order (ties to the lower id), and logits far from 0 (where a
 // naive exp overflows).

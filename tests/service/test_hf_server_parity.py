@@ -108,3 +108,138 @@ def test_logprobs_equal_transformers_log_softmax(pb):
     finally:
         client.close()
         server.kill()
+
+
+class OpenAIPenalties(transformers.LogitsProcessor):
+    """OpenAI's frequency and presence penalties over the generated tokens
+    (those after the first `prompt_length`), which transformers does not
+    have: logit[j] -= count[j] * frequency + (count[j] > 0) * presence."""
+
+    def __init__(self, prompt_length, frequency, presence):
+        self.prompt_length, self.frequency, self.presence = prompt_length, frequency, presence
+
+    def __call__(self, input_ids, scores):
+        counts = torch.zeros_like(scores)
+        generated = input_ids[:, self.prompt_length:]
+        counts.scatter_add_(1, generated, torch.ones_like(generated, dtype=scores.dtype))
+        return scores - counts * self.frequency - (counts > 0).to(scores.dtype) * self.presence
+
+
+def controlled_greedy(model, prompt, steps, controls):
+    """Greedy decoding with transformers' own logits processors for the
+    controls (sequence_bias for logit_bias, RepetitionPenaltyLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor for min_tokens) and OpenAIPenalties,
+    in generate()'s order; stops as the server does (EOS unless ignored,
+    stop_token_ids, steps). Recomputes the whole sequence each step."""
+    lp = transformers.generation.logits_process
+    ends = list(controls.get("stop_token_ids", [])) + ([] if controls.get("ignore_eos") else [2])
+    processors = transformers.LogitsProcessorList()
+    if controls.get("logit_bias"):
+        processors.append(lp.SequenceBiasLogitsProcessor(
+            {(t,): b for t, b in controls["logit_bias"].items()}))
+    if controls.get("repetition_penalty", 1.0) != 1.0:
+        processors.append(lp.RepetitionPenaltyLogitsProcessor(controls["repetition_penalty"]))
+    if controls.get("min_tokens") and ends:
+        processors.append(lp.MinNewTokensLengthLogitsProcessor(
+            len(prompt), controls["min_tokens"], ends))
+    if controls.get("frequency_penalty") or controls.get("presence_penalty"):
+        processors.append(OpenAIPenalties(len(prompt), controls.get("frequency_penalty", 0.0),
+                                          controls.get("presence_penalty", 0.0)))
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(steps):
+            input_ids = torch.tensor([ids])
+            scores = processors(input_ids, model(input_ids).logits[:, -1].float())
+            ids.append(int(torch.argmax(scores[0])))  # first maximum: lowest id
+            if ids[-1] in ends:
+                break
+    return ids[len(prompt):]
+
+
+def with_controls(req, controls):
+    for name, value in controls.items():
+        if name == "logit_bias":
+            for token, bias in value.items():
+                req.sampling.logit_bias[token] = bias
+        elif name == "stop_token_ids":
+            req.sampling.stop_token_ids.extend(value)
+        else:
+            setattr(req.sampling, name, value)
+    return req
+
+
+CONTROLLED = [
+    ([1, 403, 407, 261], dict(repetition_penalty=2.0)),
+    ([1, 42], dict(repetition_penalty=0.7)),
+    ([1, 3, 3, 3, 60, 61], dict(frequency_penalty=0.9, presence_penalty=0.4)),
+    ([1, 400, 401], dict(frequency_penalty=-0.5, presence_penalty=1.5, repetition_penalty=1.2)),
+    # EOS, raised, comes right after min_tokens.
+    ([1, 403, 407, 261], dict(logit_bias={2: 25.0, 280: 4.0, 289: -100.0}, min_tokens=6)),
+    ([1, 42], dict(logit_bias={2: 20.0}, ignore_eos=True)),
+    # 267 comes second without min_tokens.
+    ([1, 400, 401], dict(stop_token_ids=[267, 426], min_tokens=3, repetition_penalty=1.3)),
+]
+
+
+def test_sampling_controls_equal_transformers_processors(pb):
+    """stories260K-hf, greedy: each control against transformers' logits
+    processor for it (OpenAI's penalties written out above), alone and
+    batched; every control changes the tokens; and min_p keeps only what
+    transformers' MinPLogitsWarper keeps, where sampling without it does not."""
+    folder = os.path.join(MODELS, "stories260K-hf")
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    torch.set_num_threads(1)
+    steps = 24
+    expected = [controlled_greedy(reference, p, steps, c) for p, c in CONTROLLED]
+    plain = [controlled_greedy(reference, p, steps, {}) for p, _ in CONTROLLED]
+    for i, (want, base) in enumerate(zip(expected, plain)):
+        assert want != base, "case %d: the controls change nothing" % i
+    server, client = start_server(["--batch_window=50ms"], model_flags=["--model=%s" % folder])
+    try:
+        client.bind(pb)
+        reqs = [with_controls(client.request(ids=p, max_new_tokens=steps), c)
+                for p, c in CONTROLLED]
+        for i, (req, want) in enumerate(zip(reqs, expected)):
+            alone = client.generate(req)
+            assert alone.code is None, alone
+            assert alone.ids == want, "case %d alone" % i
+        together = run_concurrently([lambda r=r: client.generate(r) for r in reqs])
+        for i, (res, want) in enumerate(zip(together, expected)):
+            assert res.code is None and res.ids == want, "case %d batched" % i
+        length, stop, eos = 1, 2, 3  # FinishReason
+        stopped = together[-1]
+        assert stopped.finish == stop and stopped.ids[-1] in (267, 426) and len(stopped.ids) > 3
+        assert stopped.usage.completion_tokens == len(stopped.ids)
+        assert together[-3].finish == eos and len(together[-3].ids) == 7
+        assert together[-2].finish == length
+        assert 2 in together[-2].ids[:-1]  # EOS, sent and gone past
+
+        # min_p: every sampled token is among those MinPLogitsWarper keeps
+        # after TemperatureLogitsWarper, recomputed on the server's tokens.
+        lp = transformers.generation.logits_process
+        warpers = transformers.LogitsProcessorList(
+            [lp.TemperatureLogitsWarper(1.5), lp.MinPLogitsWarper(0.1)])
+
+        def outside(min_p):
+            reqs = []
+            for seed in range(6):
+                r = client.request(ids=[1, 403, 407], max_new_tokens=16, temperature=1.5, seed=seed)
+                r.sampling.min_p = min_p
+                reqs.append(r)
+            count = 0
+            for res in run_concurrently([lambda r=r: client.generate(r) for r in reqs]):
+                assert res.code is None, res
+                ids = [1, 403, 407] + res.ids
+                with torch.no_grad():
+                    logits = reference(torch.tensor([ids])).logits[0].float()
+                for pos in range(3, len(ids)):
+                    kept = warpers(torch.tensor([ids[:pos]]), logits[pos - 1:pos].clone())
+                    count += bool(torch.isinf(kept[0, ids[pos]]))
+            return count
+
+        assert outside(0.1) == 0
+        assert outside(0.0) > 0
+    finally:
+        client.close()
+        server.kill()

@@ -113,6 +113,67 @@ TEST(ValidationTest, SamplingParametersAreChecked) {
   ExpectInvalid(r, "top_k must be >= 0");
 }
 
+TEST(ValidationTest, SamplingControlsAreChecked) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  auto with = [](auto set) {
+    v1::GenerateRequest r = Valid();
+    set(*r.mutable_sampling());
+    return r;
+  };
+  // At the edges of their ranges they are accepted.
+  EXPECT_TRUE(ValidateGenerateRequest(with([](v1::SamplingParams& s) {
+                                        s.set_repetition_penalty(10.0f);
+                                        s.set_frequency_penalty(-2.0f);
+                                        s.set_presence_penalty(2.0f);
+                                        s.set_min_p(1.0f);
+                                        s.set_min_tokens(16);
+                                        s.set_ignore_eos(true);
+                                        for (int i = 0; i < 16; ++i) s.add_stop_token_ids(511 - i);
+                                        (*s.mutable_logit_bias())[0] = -100.0f;
+                                        (*s.mutable_logit_bias())[511] = 100.0f;
+                                      }),
+                                      kLimits)
+                  .ok());
+  for (float bad : {0.0f, -1.0f, 10.5f, nan, inf}) {
+    ExpectInvalid(with([&](v1::SamplingParams& s) { s.set_repetition_penalty(bad); }),
+                  "sampling.repetition_penalty must be in (0, 10]");
+  }
+  for (float bad : {-2.5f, 2.01f, nan}) {
+    ExpectInvalid(with([&](v1::SamplingParams& s) { s.set_frequency_penalty(bad); }),
+                  "sampling.frequency_penalty must be in [-2, 2]");
+    ExpectInvalid(with([&](v1::SamplingParams& s) { s.set_presence_penalty(bad); }),
+                  "sampling.presence_penalty must be in [-2, 2]");
+  }
+  for (float bad : {-0.1f, 1.5f, nan}) {
+    ExpectInvalid(with([&](v1::SamplingParams& s) { s.set_min_p(bad); }),
+                  "sampling.min_p must be in [0, 1]");
+  }
+  ExpectInvalid(with([](v1::SamplingParams& s) { s.set_min_tokens(-1); }),
+                "sampling.min_tokens must be 0 to max_new_tokens (16), got -1");
+  ExpectInvalid(with([](v1::SamplingParams& s) { s.set_min_tokens(17); }),
+                "sampling.min_tokens must be 0 to max_new_tokens (16), got 17");
+  ExpectInvalid(with([](v1::SamplingParams& s) {
+                  for (int i = 0; i < 17; ++i) s.add_stop_token_ids(i);
+                }),
+                "at most 16 sampling.stop_token_ids are allowed, got 17");
+  ExpectInvalid(with([](v1::SamplingParams& s) {
+                  s.add_stop_token_ids(3);
+                  s.add_stop_token_ids(512);
+                }),
+                "sampling.stop_token_ids[1] = 512 is outside the vocabulary [0, 512)");
+  ExpectInvalid(with([](v1::SamplingParams& s) { (*s.mutable_logit_bias())[-1] = 1.0f; }),
+                "sampling.logit_bias key -1 is outside the vocabulary [0, 512)");
+  for (float bad : {100.5f, -101.0f, nan, inf}) {
+    ExpectInvalid(with([&](v1::SamplingParams& s) { (*s.mutable_logit_bias())[7] = bad; }),
+                  "sampling.logit_bias[7] must be in [-100, 100]");
+  }
+  ExpectInvalid(with([](v1::SamplingParams& s) {
+                  for (int i = 0; i < 1025; ++i) (*s.mutable_logit_bias())[i] = 1.0f;
+                }),
+                "sampling.logit_bias may have at most 1024 entries, got 1025");
+}
+
 TEST(ValidationTest, StopSequencesAndRequestIdAreBounded) {
   v1::GenerateRequest many = Valid();
   for (int i = 0; i < 17; ++i) many.add_stop("x");

@@ -16,7 +16,9 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "coalesce/v1/generator.grpc.pb.h"
 #include "common/flags.h"
 #include "grpcpp/grpcpp.h"
@@ -30,6 +32,20 @@ ABSL_FLAG(int, top_k, 0, "Keep the k most likely tokens; 0 keeps all.");
 ABSL_FLAG(double, top_p, 1.0, "Nucleus sampling mass in (0, 1].");
 ABSL_FLAG(int64_t, seed, -1, "Sampling seed; -1 lets the server choose.");
 ABSL_FLAG(std::vector<std::string>, stop, {}, "Comma-separated stop sequences.");
+ABSL_FLAG(double, repetition_penalty, 1.0,
+          "Divide (multiply, if negative) the logits of tokens already seen; 1 is off.");
+ABSL_FLAG(double, frequency_penalty, 0.0,
+          "Subtract this times each token's count in the output so far, in [-2, 2].");
+ABSL_FLAG(double, presence_penalty, 0.0,
+          "Subtract this from tokens the output already holds, in [-2, 2].");
+ABSL_FLAG(double, min_p, 0.0,
+          "Drop tokens less likely than min_p times the most likely one; 0 is off.");
+ABSL_FLAG(int, min_tokens, 0, "Generate at least this many tokens before an end token.");
+ABSL_FLAG(bool, ignore_eos, false, "Go on past end-of-sequence tokens.");
+ABSL_FLAG(std::vector<std::string>, stop_token_ids, {},
+          "Comma-separated token ids that end the generation.");
+ABSL_FLAG(std::vector<std::string>, logit_bias, {},
+          "Comma-separated id:bias pairs added to those tokens' logits, e.g. 13:-100,42:5.");
 ABSL_FLAG(int, n, 1,
           "Samples of the prompt in one request (1 to 16): printed one after another, sample i "
           "drawn with seed + i.");
@@ -201,6 +217,33 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_seed) >= 0) sampling->set_seed(absl::GetFlag(FLAGS_seed));
   for (const std::string& stop : absl::GetFlag(FLAGS_stop)) request.add_stop(stop);
   request.set_n(absl::GetFlag(FLAGS_n));
+  if (absl::GetFlag(FLAGS_repetition_penalty) != 1.0) {
+    sampling->set_repetition_penalty(static_cast<float>(absl::GetFlag(FLAGS_repetition_penalty)));
+  }
+  sampling->set_frequency_penalty(static_cast<float>(absl::GetFlag(FLAGS_frequency_penalty)));
+  sampling->set_presence_penalty(static_cast<float>(absl::GetFlag(FLAGS_presence_penalty)));
+  sampling->set_min_p(static_cast<float>(absl::GetFlag(FLAGS_min_p)));
+  sampling->set_min_tokens(absl::GetFlag(FLAGS_min_tokens));
+  sampling->set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
+  for (const std::string& id : absl::GetFlag(FLAGS_stop_token_ids)) {
+    int32_t value = 0;
+    if (!absl::SimpleAtoi(id, &value)) {
+      std::cerr << "--stop_token_ids: \"" << id << "\" is not a token id\n";
+      return 2;
+    }
+    sampling->add_stop_token_ids(value);
+  }
+  for (const std::string& pair : absl::GetFlag(FLAGS_logit_bias)) {
+    const std::vector<std::string> parts = absl::StrSplit(pair, ':');
+    int32_t id = 0;
+    float bias = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &id) ||
+        !absl::SimpleAtof(parts[1], &bias)) {
+      std::cerr << "--logit_bias: \"" << pair << "\" is not id:bias\n";
+      return 2;
+    }
+    (*sampling->mutable_logit_bias())[id] = bias;
+  }
 
   if (absl::GetFlag(FLAGS_chat) || !absl::GetFlag(FLAGS_messages).empty()) {
     request.clear_prompt();
