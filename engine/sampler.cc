@@ -232,17 +232,30 @@ TokenLogprob Logprob(std::span<const float> logits, int32_t token, int top) {
   out.token = token;
   out.logprob = logprob(token);
   if (top > 0) {
-    std::vector<int32_t> ids(logits.size());
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
-    const auto first = ids.begin() + std::min<size_t>(top, ids.size());
-    // NaN ranks below everything (a strict weak order).
+    // NaN ranks below everything (a strict weak order); among equals, the
+    // lower id first.
     auto key = [&](int32_t id) {
       return std::isnan(logits[id]) ? -std::numeric_limits<float>::infinity() : logits[id];
     };
-    std::partial_sort(ids.begin(), first, ids.end(), [&](int32_t a, int32_t b) {
-      return key(a) != key(b) ? key(a) > key(b) : a < b;
-    });
-    for (auto it = ids.begin(); it != first; ++it) out.top.emplace_back(*it, logprob(*it));
+    auto better = [&](int32_t a, int32_t b) { return key(a) != key(b) ? key(a) > key(b) : a < b; };
+    // A heap of the best `top` so far, the worst of them on top: one
+    // comparison for most of the vocabulary, no vocabulary-sized buffer.
+    const size_t k = std::min<size_t>(top, logits.size());
+    std::vector<int32_t> best;
+    best.reserve(k);
+    for (size_t i = 0; i < logits.size(); ++i) {
+      const auto id = static_cast<int32_t>(i);
+      if (best.size() < k) {
+        best.push_back(id);
+        std::push_heap(best.begin(), best.end(), better);
+      } else if (better(id, best.front())) {
+        std::pop_heap(best.begin(), best.end(), better);
+        best.back() = id;
+        std::push_heap(best.begin(), best.end(), better);
+      }
+    }
+    std::sort_heap(best.begin(), best.end(), better);  // the best first
+    for (const int32_t id : best) out.top.emplace_back(id, logprob(id));
   }
   return out;
 }

@@ -218,5 +218,22 @@ TEST(LogprobTest, IsTheLogSoftmaxAndListsTheMostLikely) {
   EXPECT_EQ(nan_case.top.back().first, 4);
 }
 
+// The most likely tokens equal those of a full sort, on rows with many ties.
+TEST(LogprobTest, TopEqualsAFullSort) {
+  Rng rng(5);
+  for (int round = 0; round < 50; ++round) {
+    std::vector<float> logits(1000);
+    for (float& x : logits) x = static_cast<float>(rng.NextU64() % 40) * 0.25f;
+    const int top = 1 + static_cast<int>(rng.NextU64() % 20);
+    std::vector<int32_t> ids(logits.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+    std::stable_sort(ids.begin(), ids.end(),
+                     [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    const TokenLogprob lp = Logprob(logits, 0, top);
+    ASSERT_EQ(lp.top.size(), static_cast<size_t>(top));
+    for (int i = 0; i < top; ++i) EXPECT_EQ(lp.top[i].first, ids[i]) << round << " " << i;
+  }
+}
+
 }  // namespace
 }  // namespace coalesce::engine
