@@ -8,10 +8,17 @@
 namespace coalesce::engine {
 
 // Declared in backend.h.
-// Every backend (CPU, CUDA) uses the same per-block layout: K and V for every
-// layer, block_size positions of kv_dim elements each.
+// Every backend (CPU, CUDA) holds the same per block, however it lays it out:
+// K and V for every layer, block_size positions of kv_dim elements each (and,
+// for int8, one scale per position and KV head).
 int64_t KvBlockBytes(const ModelConfig& config, int block_size, Precision precision) {
   return int64_t{2} * config.n_layers * block_size * config.kv_dim() * PrecisionBytes(precision);
+}
+
+int64_t KvBlockBytes(const ModelConfig& config, int block_size, KvDtype dtype) {
+  return int64_t{2} * config.n_layers * block_size *
+         (int64_t{config.kv_dim()} * KvDtypeBytes(dtype) +
+          int64_t{config.n_kv_heads} * KvDtypeScaleBytes(dtype));
 }
 
 absl::Status ValidateModel(const Model& model, bool check_weights) {
@@ -172,6 +179,6 @@ int64_t Backend::weight_bytes() const {
   return config().num_parameters() * static_cast<int64_t>(sizeof(float));
 }
 
-int64_t Backend::kv_bytes_per_token() const { return KvBlockBytes(config(), 1); }
+int64_t Backend::kv_bytes_per_token() const { return KvBlockBytes(config(), 1, kv_cache().dtype); }
 
 }  // namespace coalesce::engine

@@ -21,16 +21,20 @@
 namespace coalesce::engine {
 
 // The paged KV cache: `num_blocks` blocks of `block_size` token positions,
-// each holding K and V for every layer.
+// each holding K and V for every layer, as `dtype`.
 struct KvCacheConfig {
-  int block_size = 16;  // token positions per block
-  int num_blocks = 0;   // blocks in the pool
+  int block_size = 16;             // token positions per block
+  int num_blocks = 0;              // blocks in the pool
+  KvDtype dtype = KvDtype::kFp32;  // what K and V are stored as
 };
 
 // Bytes one KV block takes for `config` (K and V, all layers) when the cache
-// holds `precision` (the CPU backend's is float32).
+// holds `precision` (the CPU backend's default is float32).
 int64_t KvBlockBytes(const ModelConfig& config, int block_size,
                      Precision precision = Precision::kFp32);
+// The same for a cache of `dtype`, its scales included: 2 x layers x
+// block_size x (kv_dim x KvDtypeBytes + n_kv_heads x KvDtypeScaleBytes).
+int64_t KvBlockBytes(const ModelConfig& config, int block_size, KvDtype dtype);
 
 // Checks a model's shape (positive sizes, heads dividing the width, an even
 // head size, a context of at most 2^20) and, when check_weights, that every
@@ -149,7 +153,9 @@ class Backend {
 
   // Bytes of weights one step reads (the model's parameters at the precision
   // the backend holds them in) and bytes one token position takes in the KV
-  // cache (all layers, K and V): the floor of what a step must move.
+  // cache (all layers, K and V, scales included): the floor of what a step
+  // must move. The default kv_bytes_per_token is KvBlockBytes of kv_cache()'s
+  // dtype.
   virtual int64_t weight_bytes() const;
   virtual int64_t kv_bytes_per_token() const;
 

@@ -146,6 +146,14 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry, con
       .Add({{"version", info.version}, {"compiler", __VERSION__}})
       .Set(1);
   prometheus::BuildGauge()
+      .Name("coalesce_kv_cache_capacity_tokens")
+      .Help(
+          "Token positions the KV cache holds (blocks x block size), labelled with what it "
+          "holds (dtype: fp32, bf16, fp16, int8)")
+      .Register(*registry_)
+      .Add({{"dtype", info.kv_cache_dtype}})
+      .Set(static_cast<double>(info.kv_cache_capacity_tokens));
+  prometheus::BuildGauge()
       .Name("coalesce_model_info")
       .Help("Always 1; the labels describe the model being served")
       .Register(*registry_)

@@ -27,6 +27,10 @@ struct ServerInfo {
   std::string backend;       // "cpu", "cuda"
   bool synthetic = false;
   int64_t parameters = 0;
+  // What the KV cache holds ("fp32", "bf16", "fp16", "int8") and how many
+  // token positions it has room for.
+  std::string kv_cache_dtype = "fp32";
+  int64_t kv_cache_capacity_tokens = 0;
   // The device's memory read bandwidth (measured at start-up), bytes/s.
   double memory_bandwidth = 0;
 };

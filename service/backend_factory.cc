@@ -51,25 +51,47 @@ absl::StatusOr<BackendPlan> PlanBackend(const ServerOptions& options, bool cuda_
       }
       plan.device = Device::kNull;
       plan.precision = engine::Precision::kFp32;
-      return plan;
+      break;
     case Device::kAuto:
       plan.device = cuda_usable ? Device::kCuda : Device::kCpu;
       if (!cuda_usable) plan.fallback_reason = cuda_why_not;
       break;
   }
+  // With --device=auto, what the errors below add about the device it chose.
+  const std::string auto_chose =
+      options.device != Device::kAuto
+          ? ""
+          : (plan.device == Device::kCuda
+                 ? " (--device=auto chose the GPU; --device=cpu runs the CPU backend)"
+                 : absl::StrCat(" (--device=auto chose the CPU: ", cuda_why_not, ")"));
   if (plan.device == Device::kCuda) {
     plan.precision = options.precision.value_or(engine::Precision::kBf16);
+    plan.kv_dtype = options.kv_cache_dtype.value_or(engine::KvDtypeOf(plan.precision));
+    engine::CudaBackendOptions cuda;
+    cuda.precision = plan.precision;
+    cuda.kv_cache_dtype = options.kv_cache_dtype;
+    if (absl::Status s = engine::CheckCudaKvCacheDtype(cuda); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kv_cache_dtype=", engine::KvDtypeName(plan.kv_dtype), ": ", s.message(), auto_chose));
+    }
     return plan;
   }
+  // The CPU, and the null backend, which accounts for the CPU's blocks.
+  plan.kv_dtype = options.kv_cache_dtype.value_or(engine::KvDtype::kFp32);
+  if (plan.kv_dtype == engine::KvDtype::kFp8) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_cache_dtype=fp8: e4m3 is a CUDA type; the CPU backend holds fp32, bf16, fp16 or "
+        "int8",
+        auto_chose));
+  }
+  if (plan.device == Device::kNull) return plan;
   plan.precision = engine::Precision::kFp32;
   if (options.precision.has_value() && *options.precision != engine::Precision::kFp32) {
-    std::string message =
+    return absl::InvalidArgumentError(
         absl::StrCat("--dtype=", engine::PrecisionName(*options.precision),
-                     ": the CPU backend computes in fp32 only; pass --dtype=fp32 or auto");
-    if (options.device == Device::kAuto) {
-      absl::StrAppend(&message, " (--device=auto chose the CPU: ", cuda_why_not, ")");
-    }
-    return absl::InvalidArgumentError(message);
+                     ": the CPU backend computes in fp32 only; pass --dtype=fp32 or auto "
+                     "(--kv_cache_dtype chooses what its KV cache holds)",
+                     auto_chose));
   }
   return plan;
 }
@@ -78,14 +100,15 @@ absl::StatusOr<engine::CpuBackendOptions> CpuOptions(const ServerOptions& option
                                                      const engine::ModelConfig& config,
                                                      int64_t physical_memory_bytes) {
   ASSIGN_OR_RETURN(const KvCacheMemory memory, ParseKvCacheMemory(options.kv_cache_memory));
-  const int64_t block_bytes = engine::KvBlockBytes(config, options.kv_block_size);
+  const engine::KvDtype dtype = options.kv_cache_dtype.value_or(engine::KvDtype::kFp32);
+  const int64_t block_bytes = engine::KvBlockBytes(config, options.kv_block_size, dtype);
   const int64_t context_blocks =
       (config.max_seq_len + options.kv_block_size - 1) / options.kv_block_size;
   const int64_t num_blocks = KvCacheBlocks(memory, block_bytes, context_blocks,
                                            options.scheduler.max_batch_size, physical_memory_bytes);
   RETURN_IF_ERROR(CheckNumBlocks(num_blocks, block_bytes, options.kv_cache_memory));
   engine::CpuBackendOptions out;
-  out.kv_cache = {options.kv_block_size, static_cast<int>(num_blocks)};
+  out.kv_cache = {options.kv_block_size, static_cast<int>(num_blocks), dtype};
   out.threads = options.threads;
   return out;
 }
@@ -108,6 +131,7 @@ absl::StatusOr<engine::CudaBackendOptions> CudaOptions(const ServerOptions& opti
   ASSIGN_OR_RETURN(const KvCacheMemory memory, ParseKvCacheMemory(options.kv_cache_memory));
   engine::CudaBackendOptions out;
   out.precision = precision;
+  out.kv_cache_dtype = options.kv_cache_dtype;
   out.block_size = options.kv_block_size;
   out.max_batch_tokens = options.max_batch_tokens;
   out.max_seqs = options.scheduler.max_batch_size;
@@ -120,7 +144,9 @@ absl::StatusOr<engine::CudaBackendOptions> CudaOptions(const ServerOptions& opti
   } else if (memory.fraction > 0) {
     out.kv_memory_fraction = memory.fraction;
   } else {
-    const int64_t block_bytes = engine::KvBlockBytes(config, options.kv_block_size, precision);
+    const int64_t block_bytes =
+        engine::KvBlockBytes(config, options.kv_block_size,
+                             options.kv_cache_dtype.value_or(engine::KvDtypeOf(precision)));
     const int64_t num_blocks = memory.bytes / block_bytes;
     RETURN_IF_ERROR(CheckNumBlocks(num_blocks, block_bytes, options.kv_cache_memory));
     out.num_blocks = static_cast<int>(num_blocks);

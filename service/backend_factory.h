@@ -1,5 +1,5 @@
-// Turns --device, --dtype, --kv_cache_memory and the batch limits into a
-// backend: the CUDA one on a usable GPU, else the CPU one; or, when asked
+// Turns --device, --dtype, --kv_cache_dtype, --kv_cache_memory and the batch
+// limits into a backend: the CUDA one on a usable GPU, else the CPU one; or, when asked
 // for, the null one.
 //
 // Device rule: --device=cuda needs a usable CUDA device (engine::
@@ -11,8 +11,16 @@
 // cost, with meaningless output; it never touches the CUDA driver, has no
 // precision (only --dtype=auto) and never emits the tokenizer's EOS ids.
 //
+// KV cache type (--kv_cache_dtype): auto is fp32 on the CPU (and the null
+// backend, whose accounting follows the CPU's) and the weights' precision on
+// CUDA. The CPU takes fp32, bf16, fp16 and int8; fp8 is a CUDA type. CUDA
+// takes only its weights' precision so far (engine::CheckCudaKvCacheDtype):
+// anything else is a start-up error.
+//
 // KV cache: the CPU reads --kv_cache_memory as ServerOptions documents
-// (KvCacheBlocks), and so does the null backend, which only accounts for the
+// (KvCacheBlocks, with blocks of the --kv_cache_dtype's bytes, so that a given
+// memory holds 2x the tokens in bf16 or fp16 and about 4x in int8), and so
+// does the null backend, which only accounts for the
 // blocks (the batcher admits and preempts as it would on the CPU) and holds
 // no memory. On CUDA, "auto" is 0.9 and a fraction is that fraction of
 // the device memory still free once weights and activations are allocated
@@ -38,6 +46,7 @@ namespace coalesce::service {
 struct BackendPlan {
   Device device = Device::kCpu;  // kCpu, kCuda or kNull, never kAuto
   engine::Precision precision = engine::Precision::kFp32;
+  engine::KvDtype kv_dtype = engine::KvDtype::kFp32;  // what the KV cache holds
   // Why --device=auto chose the CPU; empty otherwise.
   std::string fallback_reason;
 };
@@ -45,11 +54,13 @@ struct BackendPlan {
 // The device rule above, given what engine::CudaDeviceUsable said
 // (`cuda_usable`, and `cuda_why_not` when false). --device=cuda without a
 // device is FAILED_PRECONDITION; a --dtype the CPU cannot run, or any but
-// auto with --device=null, is INVALID_ARGUMENT.
+// auto with --device=null, and a --kv_cache_dtype the chosen backend does not
+// hold, are INVALID_ARGUMENT.
 absl::StatusOr<BackendPlan> PlanBackend(const ServerOptions& options, bool cuda_usable,
                                         const std::string& cuda_why_not);
 
-// The CPU backend's options: --kv_cache_memory against `physical_memory_bytes`.
+// The CPU backend's options: --kv_cache_memory against `physical_memory_bytes`,
+// in blocks of --kv_cache_dtype (auto: fp32).
 absl::StatusOr<engine::CpuBackendOptions> CpuOptions(const ServerOptions& options,
                                                      const engine::ModelConfig& config,
                                                      int64_t physical_memory_bytes);

@@ -81,6 +81,12 @@ ABSL_FLAG(std::string, device, coalesce::service::DeviceName(Defaults().device),
 ABSL_FLAG(std::string, dtype, "auto",
           "Precision of the weights and the KV cache: bf16, fp16 or fp32 on CUDA; only "
           "fp32 on the CPU. auto: bf16 on CUDA, fp32 on the CPU.");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "What the KV cache holds. CPU: fp32, bf16, fp16, or int8 (a float scale per token "
+          "and KV head): bf16 and fp16 hold 2x the tokens of fp32 in the same "
+          "--kv_cache_memory, int8 about 4x. CUDA: only the weights' precision (--dtype) so "
+          "far; int8 and fp8 (e4m3) are refused at start-up. auto: fp32 on the CPU, --dtype "
+          "on CUDA.");
 ABSL_FLAG(bool, cuda_graphs, Defaults().cuda_graphs,
           "CUDA: replay decode steps from CUDA graphs captured once per batch-size bucket.");
 ABSL_FLAG(int, kv_block_size, Defaults().kv_block_size, "Token positions per KV-cache block.");
@@ -181,6 +187,10 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
       service::ParseDtype(absl::GetFlag(FLAGS_dtype));
   if (!precision.ok()) return precision.status();
   o.precision = *precision;
+  absl::StatusOr<std::optional<engine::KvDtype>> kv_dtype =
+      service::ParseKvCacheDtype(absl::GetFlag(FLAGS_kv_cache_dtype));
+  if (!kv_dtype.ok()) return kv_dtype.status();
+  o.kv_cache_dtype = *kv_dtype;
   o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   absl::StatusOr<int> fault = service::ParseFaultInjection(absl::GetFlag(FLAGS_fault_injection));
   if (!fault.ok()) return fault.status();

@@ -126,12 +126,13 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
         "--device=null: the NULL backend does no arithmetic, for measuring the server's own "
         "cost; its output is meaningless. Pass --device=cpu or cuda to run the model.");
   }
+  const int64_t kv_capacity_tokens = int64_t{kv.num_blocks} * kv.block_size;
   LogF(LogLevel::kInfo,
-       "KV cache: %d blocks of %d tokens (%.1f MiB): %d tokens, %.1f full-context "
+       "KV cache: %d blocks of %d tokens (%s, %.1f MiB): %d tokens, %.1f full-context "
        "sequences",
-       kv.num_blocks, kv.block_size,
-       static_cast<double>(kv.num_blocks) * kv.block_size * b.kv_bytes_per_token() / 1048576.0,
-       int64_t{kv.num_blocks} * kv.block_size, static_cast<double>(kv.num_blocks) / context_blocks);
+       kv.num_blocks, kv.block_size, engine::KvDtypeName(kv.dtype),
+       static_cast<double>(kv_capacity_tokens) * b.kv_bytes_per_token() / 1048576.0,
+       kv_capacity_tokens, static_cast<double>(kv.num_blocks) / context_blocks);
 
   // 3. Metrics, the engine loop and the service.
   metrics::ServerInfo info;
@@ -141,6 +142,8 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
   info.backend = std::string(b.name());
   info.synthetic = config.synthetic;
   info.parameters = config.num_parameters();
+  info.kv_cache_dtype = engine::KvDtypeName(kv.dtype);
+  info.kv_cache_capacity_tokens = kv_capacity_tokens;
   if (capabilities.weights_in_host_memory) {
     info.memory_bandwidth = engine::MeasureMemoryReadBandwidth(
         options.threads > 0 ? options.threads

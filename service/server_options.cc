@@ -44,6 +44,18 @@ absl::StatusOr<std::optional<engine::Precision>> ParseDtype(const std::string& t
   return std::optional<engine::Precision>(*precision);
 }
 
+absl::StatusOr<std::optional<engine::KvDtype>> ParseKvCacheDtype(const std::string& text) {
+  if (text == "auto") return std::optional<engine::KvDtype>();
+  absl::StatusOr<engine::KvDtype> dtype = engine::ParseKvDtype(text);
+  if (!dtype.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_cache_dtype=", text,
+        ": expected auto, fp32, bf16, fp16, int8 (the CPU; on CUDA only the weights' precision "
+        "so far) or fp8 (CUDA, not built yet)"));
+  }
+  return std::optional<engine::KvDtype>(*dtype);
+}
+
 absl::StatusOr<std::optional<bool>> ParseOverlapSteps(const std::string& text) {
   if (text == "auto") return std::optional<bool>();
   if (text == "on") return std::optional<bool>(true);

@@ -37,6 +37,9 @@ struct ServerOptions {
   // Weights and KV cache; nullopt is auto: bf16 on CUDA, fp32 on the CPU
   // (which computes only in fp32).
   std::optional<engine::Precision> precision;
+  // The KV cache's element type; nullopt is auto: fp32 on the CPU, the
+  // weights' precision on CUDA.
+  std::optional<engine::KvDtype> kv_cache_dtype;
   bool cuda_graphs = true;  // CUDA: replay captured graphs for decode steps
   int kv_block_size = 16;
   std::string kv_cache_memory = "auto";
@@ -61,6 +64,10 @@ struct ServerOptions {
 
 // --dtype: "auto" (nullopt), "bf16", "fp16" or "fp32".
 absl::StatusOr<std::optional<engine::Precision>> ParseDtype(const std::string& text);
+
+// --kv_cache_dtype: "auto" (nullopt), "fp32", "bf16", "fp16", "int8" or
+// "fp8" (which backend takes which is PlanBackend's and the backend's to say).
+absl::StatusOr<std::optional<engine::KvDtype>> ParseKvCacheDtype(const std::string& text);
 
 // --overlap_steps: "auto" (nullopt), "on" or "off".
 absl::StatusOr<std::optional<bool>> ParseOverlapSteps(const std::string& text);

@@ -8,11 +8,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/kernels.h"
+#include "engine/cpu/kv_quant.h"
 #include "engine/cpu/thread_pool.h"
 #include "engine/simd.h"
 
@@ -20,8 +22,38 @@ namespace coalesce::engine {
 namespace {
 
 struct FreeDeleter {
-  void operator()(float* p) const { std::free(p); }
+  void operator()(void* p) const { std::free(p); }
 };
+
+// calloc of a large size maps fresh zero pages: no time spent touching a
+// pool that may be gigabytes, and never-written slots read as 0 (in every
+// KV type, an int8 slot's scale included), not NaN.
+template <typename T>
+std::unique_ptr<T[], FreeDeleter> Zeroed(int64_t count) {
+  return std::unique_ptr<T[], FreeDeleter>(
+      static_cast<T*>(std::calloc(std::max<int64_t>(count, 1), sizeof(T))));
+}
+
+// The attention kernels (kernels.h) for the cache's element type T; `scales`
+// is read for int8 only.
+template <typename T>
+void DotCached(const float* q, const T* keys, const float* scales, int64_t stride, int count, int n,
+               float* scores) {
+  if constexpr (std::is_same_v<T, int8_t>) {
+    cpu::DotRows(q, keys, scales, stride, count, n, scores);
+  } else {
+    cpu::DotRows(q, keys, stride, count, n, scores);
+  }
+}
+template <typename T>
+void AccumulateCached(const float* weights, const T* rows, const float* scales, int64_t stride,
+                      int count, int n, float* out) {
+  if constexpr (std::is_same_v<T, int8_t>) {
+    cpu::AccumulateRows(weights, rows, scales, stride, count, n, out);
+  } else {
+    cpu::AccumulateRows(weights, rows, stride, count, n, out);
+  }
+}
 
 // rows[t, i] += bias[i] for every row: the bias follows the product, as in
 // nn.Linear, and touches each element alone, so it keeps batch invariance.
@@ -37,12 +69,14 @@ void AddBias(std::span<const float> bias, int num_rows, float* rows) {
 class CpuBackend final : public Backend {
  public:
   CpuBackend(std::shared_ptr<const Model> model, const KvCacheConfig& kv, int threads,
-             std::unique_ptr<float[], FreeDeleter> cache)
+             std::unique_ptr<unsigned char[], FreeDeleter> cache,
+             std::unique_ptr<float[], FreeDeleter> scales)
       : model_(std::move(model)),
         c_(model_->config),
         kv_(kv),
         pool_(threads),
         cache_(std::move(cache)),
+        scales_(std::move(scales)),
         block_owner_(kv.num_blocks, -1),
         scores_(static_cast<size_t>(pool_.size()) * c_.max_seq_len) {
     // RoPE angles as run.c computes them, in float, one row per position:
@@ -64,6 +98,12 @@ class CpuBackend final : public Backend {
   const ModelConfig& config() const override { return c_; }
   const KvCacheConfig& kv_cache() const override { return kv_; }
   std::string_view name() const override { return "cpu"; }
+  // "cpu" as ever with a float32 KV cache; otherwise it names the cache's type.
+  std::string Describe() const override {
+    if (kv_.dtype == KvDtype::kFp32) return "cpu";
+    return absl::StrCat("cpu: fp32 weights, KV cache ", KvDtypeName(kv_.dtype),
+                        kv_.dtype == KvDtype::kInt8 ? " (a scale per token and KV head)" : "");
+  }
   BackendCapabilities capabilities() const override {
     return {.runs_model = true,
             .weights_in_host_memory = true,
@@ -74,10 +114,16 @@ class CpuBackend final : public Backend {
   }
   absl::Status CopyBlocks(std::span<const BlockCopy> copies) override {
     if (absl::Status s = ValidateBlockCopies(kv_, copies); !s.ok()) return s;
-    // A block's layers, K and V, are contiguous (see cache_).
-    const size_t block_floats = static_cast<size_t>(c_.n_layers) * 2 * kv_.block_size * c_.kv_dim();
+    // A block's layers, K and V, are contiguous (see cache_), and so are its
+    // scales (scales_).
+    const int64_t slabs = int64_t{c_.n_layers} * 2;
     for (const BlockCopy& c : copies) {
-      std::memcpy(Cache(c.to, 0, 0), Cache(c.from, 0, 0), block_floats * sizeof(float));
+      std::memcpy(cache_.get() + c.to * slabs * slab_bytes_,
+                  cache_.get() + c.from * slabs * slab_bytes_, slabs * slab_bytes_);
+      if (scales_ != nullptr) {
+        std::memcpy(Scales(c.to, 0, 0), Scales(c.from, 0, 0),
+                    sizeof(float) * slabs * ScalesPerSlab());
+      }
     }
     return absl::OkStatus();
   }
@@ -85,21 +131,42 @@ class CpuBackend final : public Backend {
  private:
   absl::Status Validate(const StepBatch& batch, std::span<float> logits);
   void Resize(int num_tokens, int logit_rows);
-  // K (kind 0) or V (kind 1) of `layer` in `block`: [block_size, kv_dim].
-  float* Cache(int32_t block, int layer, int kind) {
-    const int64_t slab = int64_t{kv_.block_size} * c_.kv_dim();
-    return cache_.get() + ((int64_t{block} * c_.n_layers + layer) * 2 + kind) * slab;
+  // K (kind 0) or V (kind 1) of `layer` in `block`, as T (the cache's
+  // element type): [n_kv_heads, block_size, head_dim].
+  template <typename T>
+  T* Cache(int32_t block, int layer, int kind) {
+    const int64_t slab = (int64_t{block} * c_.n_layers + layer) * 2 + kind;
+    return reinterpret_cast<T*>(cache_.get() + slab * slab_bytes_);
   }
+  // Their scales (int8 only): [n_kv_heads, block_size].
+  int64_t ScalesPerSlab() const { return int64_t{c_.n_kv_heads} * kv_.block_size; }
+  float* Scales(int32_t block, int layer, int kind) {
+    const int64_t slab = (int64_t{block} * c_.n_layers + layer) * 2 + kind;
+    return scales_.get() + slab * ScalesPerSlab();
+  }
+  // Writes one token's K or V, x [kv_dim], at `offset` in `block`,
+  // converting it to the cache's type.
+  template <typename T>
+  void Store(int32_t block, int layer, int kind, int offset, const float* x);
   void Attention(const StepBatch& batch, int layer);
+  template <typename T>
+  void AttentionOver(const StepBatch& batch, int layer);
 
   const std::shared_ptr<const Model> model_;
   const ModelConfig& c_;
   const KvCacheConfig kv_;
   cpu::ThreadPool pool_;
-  // [num_blocks, n_layers, 2 (K, V), block_size, kv_dim]: one block holds
-  // everything a run of block_size positions needs, so the caller's block
-  // accounting is the only accounting.
-  std::unique_ptr<float[], FreeDeleter> cache_;
+  // [num_blocks, n_layers, 2 (K, V), n_kv_heads, block_size, head_dim] of
+  // kv_.dtype: one block holds everything a run of block_size positions
+  // needs, so the caller's block accounting is the only accounting; and a
+  // head's rows within a block are contiguous, so attention reads each
+  // block's share as one run.
+  std::unique_ptr<unsigned char[], FreeDeleter> cache_;
+  // int8 only (else null): [num_blocks, n_layers, 2 (K, V), n_kv_heads,
+  // block_size], the scale of each token's values of each KV head.
+  std::unique_ptr<float[], FreeDeleter> scales_;
+  // Bytes of one [n_kv_heads, block_size, head_dim] slab.
+  const int64_t slab_bytes_ = int64_t{kv_.block_size} * c_.kv_dim() * KvDtypeBytes(kv_.dtype);
   std::vector<float> rope_cos_, rope_sin_;  // [max_seq_len, head_dim / 2]
 
   // Scratch, grown to the largest step seen and reused.
@@ -154,13 +221,46 @@ void CpuBackend::Resize(int num_tokens, int logit_rows) {
 // Attention
 // ---------------------------------------------------------------------------
 
-// One task per (token, query head): softmax(q . K / sqrt(head_size)) . V over
-// positions 0..pos of the token's own sequence. Each task reads only its own
-// row and cache blocks and runs in a fixed order, so the result does not
-// depend on the batch or on which thread runs it.
+template <typename T>
+void CpuBackend::Store(int32_t block, int layer, int kind, int offset, const float* x) {
+  const int hs = c_.head_dim(), bs = kv_.block_size;
+  T* slab = Cache<T>(block, layer, kind);
+  for (int h = 0; h < c_.n_kv_heads; ++h) {
+    const float* src = x + h * hs;                    // [head_dim]
+    T* row = slab + (int64_t{h} * bs + offset) * hs;  // [head_dim]
+    if constexpr (std::is_same_v<T, float>) {
+      std::memcpy(row, src, sizeof(float) * hs);
+    } else if constexpr (std::is_same_v<T, cpu::Bf16> || std::is_same_v<T, cpu::Fp16>) {
+      cpu::Convert(src, hs, row);
+    } else {
+      static_assert(std::is_same_v<T, int8_t>);
+      Scales(block, layer, kind)[h * bs + offset] = cpu::QuantizeInt8(src, hs, row);
+    }
+  }
+}
+
 void CpuBackend::Attention(const StepBatch& batch, int layer) {
+  switch (kv_.dtype) {
+    case KvDtype::kBf16:
+      return AttentionOver<cpu::Bf16>(batch, layer);
+    case KvDtype::kFp16:
+      return AttentionOver<cpu::Fp16>(batch, layer);
+    case KvDtype::kInt8:
+      return AttentionOver<int8_t>(batch, layer);
+    default:  // fp32 (CreateCpuBackend refuses the rest)
+      return AttentionOver<float>(batch, layer);
+  }
+}
+
+// One task per (token, query head): softmax(q . K / sqrt(head_size)) . V over
+// positions 0..pos of the token's own sequence, K and V dequantized as the
+// kernels read them. Each task reads only its own row and cache blocks and
+// runs in a fixed order, so the result does not depend on the batch or on
+// which thread runs it.
+template <typename T>
+void CpuBackend::AttentionOver(const StepBatch& batch, int layer) {
   const int num_tokens = static_cast<int>(batch.tokens.size());
-  const int hs = c_.head_dim(), dim = c_.dim, kv_dim = c_.kv_dim();
+  const int hs = c_.head_dim(), dim = c_.dim;
   const int kv_mul = c_.n_heads / c_.n_kv_heads;  // query heads per KV head (GQA)
   const int bs = kv_.block_size;
   const float inv_sqrt = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -169,15 +269,21 @@ void CpuBackend::Attention(const StepBatch& batch, int layer) {
     const int pos = pos_[t];
     const std::span<const int32_t> table = batch.seqs[seq_[t]].block_table;
     const float* q = q_.data() + static_cast<size_t>(t) * dim + h * hs;  // [head_size]
-    const int kv_offset = (h / kv_mul) * hs;
+    const int kv_head = h / kv_mul;
+    // This head's rows and scales within a block (see cache_, scales_).
+    const int64_t rows_at = int64_t{kv_head} * bs * hs, scales_at = int64_t{kv_head} * bs;
+    auto scales = [&](int32_t block, int kind) -> const float* {
+      if constexpr (std::is_same_v<T, int8_t>) return Scales(block, layer, kind) + scales_at;
+      return nullptr;
+    };
     float* att = scores_.data() + static_cast<size_t>(worker) * c_.max_seq_len;  // [pos + 1]
 
     float max_score = -INFINITY;
     for (int b = 0; b * bs <= pos; ++b) {
-      const float* keys = Cache(table[b], layer, 0) + kv_offset;  // [block_size, kv_dim]
+      const T* keys = Cache<T>(table[b], layer, 0) + rows_at;  // [block_size, head_size]
       const int n = std::min(bs, pos + 1 - b * bs);
       float* scores = att + b * bs;
-      cpu::DotRows(q, keys, kv_dim, n, hs, scores);
+      DotCached(q, keys, scales(table[b], 0), hs, n, hs, scores);
       for (int o = 0; o < n; ++o) {
         scores[o] *= inv_sqrt;
         max_score = std::max(max_score, scores[o]);
@@ -189,9 +295,9 @@ void CpuBackend::Attention(const StepBatch& batch, int layer) {
     float* out = att_.data() + static_cast<size_t>(t) * dim + h * hs;  // [head_size]
     std::fill(out, out + hs, 0.0f);
     for (int b = 0; b * bs <= pos; ++b) {
-      const float* values = Cache(table[b], layer, 1) + kv_offset;  // [block_size, kv_dim]
+      const T* values = Cache<T>(table[b], layer, 1) + rows_at;  // [block_size, head_size]
       const int n = std::min(bs, pos + 1 - b * bs);
-      cpu::AccumulateRows(att + b * bs, values, kv_dim, n, hs, out);
+      AccumulateCached(att + b * bs, values, scales(table[b], 1), hs, n, hs, out);
     }
   };
   // About 4 flops per cached position and head dimension; below ~64K a
@@ -249,7 +355,8 @@ absl::Status CpuBackend::Step(const StepBatch& batch, std::span<float> logits) {
     }
 
     // 3. RoPE on interleaved pairs of every head of q and k, then K and V
-    //    into the token's cache slot (K after rotation, as run.c caches it).
+    //    into the token's cache slot (K after rotation, as run.c caches it),
+    //    converted to the cache's type.
     for (int t = 0; t < num_tokens; ++t) {
       const float* cos = &rope_cos_[static_cast<size_t>(pos_[t]) * (hs / 2)];
       const float* sin = &rope_sin_[static_cast<size_t>(pos_[t]) * (hs / 2)];
@@ -265,10 +372,26 @@ absl::Status CpuBackend::Step(const StepBatch& batch, std::span<float> logits) {
       rotate(&q_[static_cast<size_t>(t) * dim], dim);
       rotate(k, kv_dim);
       const int32_t block = batch.seqs[seq_[t]].block_table[pos_[t] / bs];
-      const size_t slot = static_cast<size_t>(pos_[t] % bs) * kv_dim;
-      std::memcpy(Cache(block, l, 0) + slot, k, sizeof(float) * kv_dim);
-      std::memcpy(Cache(block, l, 1) + slot, &v_[static_cast<size_t>(t) * kv_dim],
-                  sizeof(float) * kv_dim);
+      const float* v = &v_[static_cast<size_t>(t) * kv_dim];
+      const int offset = pos_[t] % bs;
+      switch (kv_.dtype) {
+        case KvDtype::kBf16:
+          Store<cpu::Bf16>(block, l, 0, offset, k);
+          Store<cpu::Bf16>(block, l, 1, offset, v);
+          break;
+        case KvDtype::kFp16:
+          Store<cpu::Fp16>(block, l, 0, offset, k);
+          Store<cpu::Fp16>(block, l, 1, offset, v);
+          break;
+        case KvDtype::kInt8:
+          Store<int8_t>(block, l, 0, offset, k);
+          Store<int8_t>(block, l, 1, offset, v);
+          break;
+        default:  // fp32
+          Store<float>(block, l, 0, offset, k);
+          Store<float>(block, l, 1, offset, v);
+          break;
+      }
     }
 
     // 4. Attention over each token's own sequence, output projection,
@@ -320,20 +443,42 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::shared_ptr<const 
     return absl::InvalidArgumentError(absl::StrCat("invalid KV cache: block_size ", kv.block_size,
                                                    ", num_blocks ", kv.num_blocks));
   }
+  switch (kv.dtype) {
+    case KvDtype::kFp32:
+    case KvDtype::kBf16:
+    case KvDtype::kFp16:
+    case KvDtype::kInt8:
+      break;
+    case KvDtype::kFp8:
+      return absl::InvalidArgumentError(
+          "KV cache dtype fp8 (e4m3) is a CUDA type; the CPU backend holds fp32, bf16, fp16 or "
+          "int8");
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown KV cache dtype ", static_cast<int>(kv.dtype),
+                       "; the CPU backend holds fp32, bf16, fp16 or int8"));
+  }
   int threads = options.threads;
   if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
   threads = std::max(threads, 1);
 
-  const int64_t bytes = KvBlockBytes(model->config, kv.block_size) * kv.num_blocks;
-  // calloc of a large size maps fresh zero pages: no time spent touching a
-  // pool that may be gigabytes, and never-written slots read as 0, not NaN.
-  std::unique_ptr<float[], FreeDeleter> cache(
-      static_cast<float*>(std::calloc(std::max<int64_t>(bytes, 4) / 4, sizeof(float))));
-  if (cache == nullptr) {
+  // The elements, and the int8 scales in an array of their own: together
+  // KvBlockBytes(config, block_size, dtype) per block.
+  const ModelConfig& c = model->config;
+  const int64_t slabs = int64_t{kv.num_blocks} * c.n_layers * 2;
+  const int64_t bytes = slabs * kv.block_size * c.kv_dim() * KvDtypeBytes(kv.dtype);
+  const int64_t num_scales =
+      KvDtypeScaleBytes(kv.dtype) > 0 ? slabs * kv.block_size * c.n_kv_heads : 0;
+  auto cache = Zeroed<unsigned char>(bytes);
+  std::unique_ptr<float[], FreeDeleter> scales;
+  if (num_scales > 0) scales = Zeroed<float>(num_scales);
+  if (cache == nullptr || (num_scales > 0 && scales == nullptr)) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate ", bytes, " bytes for ", kv.num_blocks, " KV blocks"));
+        absl::StrCat("cannot allocate ", KvBlockBytes(c, kv.block_size, kv.dtype) * kv.num_blocks,
+                     " bytes for ", kv.num_blocks, " KV blocks of ", KvDtypeName(kv.dtype)));
   }
-  return std::unique_ptr<Backend>(new CpuBackend(std::move(model), kv, threads, std::move(cache)));
+  return std::unique_ptr<Backend>(
+      new CpuBackend(std::move(model), kv, threads, std::move(cache), std::move(scales)));
 }
 
 }  // namespace coalesce::engine

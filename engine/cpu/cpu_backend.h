@@ -3,6 +3,11 @@
 // our own, not BLAS sgemm, whose rows depend on their batch-mates); attention
 // runs per token over its sequence's paged KV blocks, parallel across tokens
 // and heads. A sequence gets bit-identical logits whatever shares its batch.
+//
+// The KV cache holds kv_cache.dtype: fp32, bf16 or fp16 (converted as each
+// token's K and V are written, rounding to nearest even), or int8 with one
+// float scale per token and KV head (cpu/kv_quant.h); attention dequantizes as
+// it reads. fp8 is a CUDA type: refused here.
 #pragma once
 
 #include <memory>
@@ -14,8 +19,8 @@
 namespace coalesce::engine {
 
 struct CpuBackendOptions {
-  KvCacheConfig kv_cache;
-  int threads = 0;  // compute threads; 0: one per core
+  KvCacheConfig kv_cache;  // block size, block count, element type
+  int threads = 0;         // compute threads; 0: one per core
 };
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::shared_ptr<const Model> model,

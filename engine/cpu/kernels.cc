@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 
 #include "engine/cpu/matmul_panels.h"
@@ -210,81 +211,181 @@ float Dot(const float* a, const float* b, int n) {
 
 namespace {
 
-// Attention reads a head's slice of each cached row, rows a whole KV row
-// apart: a pattern the hardware prefetcher does not follow, so the kernels
-// ask for the row kRowsAhead positions on while they work on this one.
-// (Prefetching past the end of a block reads nothing that faults.)
+// Attention reads a head's run of cached rows, one block after another, the
+// blocks scattered through the pool: the kernels ask for the row kRowsAhead
+// positions on while they work on this one. (Prefetching past the end of a
+// block reads nothing that faults.)
 constexpr int kRowsAhead = 8;
-inline void PrefetchRows(const float* first, int64_t stride, int rows, int n) {
+inline void PrefetchRows(const void* first, int64_t stride_bytes, int rows, int64_t row_bytes) {
+  const char* p = static_cast<const char*>(first);
   for (int r = 0; r < rows; ++r) {
-    for (int i = 0; i < n; i += 16) __builtin_prefetch(first + r * stride + i, 0, 3);
+    for (int64_t i = 0; i < row_bytes; i += 64) __builtin_prefetch(p + r * stride_bytes + i, 0, 3);
   }
 }
 
-}  // namespace
+// How the attention kernels read 8 cached elements as floats: Load the 8 at
+// p, LoadFirst the first `rem` (< 8) of them and zeros. Every conversion is
+// exact, so a typed row is read as exactly the floats it stands for.
+struct LoadF32 {
+  using T = float;
+  static __m256 Load(const float* p) { return _mm256_loadu_ps(p); }
+  static __m256 LoadFirst(const float* p, int rem) { return _mm256_maskload_ps(p, TailMask(rem)); }
+};
+struct LoadBf16 {
+  using T = Bf16;
+  // bf16 is the top half of a float32: widen each to 32 bits, shift up.
+  static __m256 Load(const Bf16* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  static __m256 LoadFirst(const Bf16* p, int rem) {
+    Bf16 tail[8] = {};
+    std::memcpy(tail, p, sizeof(Bf16) * rem);
+    return Load(tail);
+  }
+};
+struct LoadFp16 {
+  using T = Fp16;
+  static __m256 Load(const Fp16* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static __m256 LoadFirst(const Fp16* p, int rem) {
+    Fp16 tail[8] = {};
+    std::memcpy(tail, p, sizeof(Fp16) * rem);
+    return Load(tail);
+  }
+};
+struct LoadInt8 {
+  using T = int8_t;
+  static __m256 Load(const int8_t* p) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+  }
+  static __m256 LoadFirst(const int8_t* p, int rem) {
+    int8_t tail[8] = {};
+    std::memcpy(tail, p, rem);
+    return Load(tail);
+  }
+};
 
-void DotRows(const float* q, const float* keys, int64_t stride, int count, int n, float* scores) {
+// Dot's arithmetic against one cached row.
+template <typename L>
+float DotRow(const float* q, const typename L::T* k, int n) {
+  __m256 acc = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), L::Load(k + i), acc);
+  if (i < n) {
+    const __m256i mask = TailMask(n - i);
+    acc = _mm256_fmadd_ps(_mm256_maskload_ps(q + i, mask), L::LoadFirst(k + i, n - i), acc);
+  }
+  return HorizontalSum(acc);
+}
+
+// DotRows over rows read by L; `scales` (int8) multiply each row's sum, or
+// nullptr.
+template <typename L>
+void DotRowsOf(const float* q, const typename L::T* keys, const float* scales, int64_t stride,
+               int count, int n, float* scores) {
+  using T = typename L::T;
   int o = 0;
   for (; o + 4 <= count; o += 4) {
     // Four chains of Dot's arithmetic, interleaved so they overlap.
-    const float* k[4] = {keys + o * stride, keys + (o + 1) * stride, keys + (o + 2) * stride,
-                         keys + (o + 3) * stride};
+    const T* k[4] = {keys + o * stride, keys + (o + 1) * stride, keys + (o + 2) * stride,
+                     keys + (o + 3) * stride};
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                      _mm256_setzero_ps()};
-    PrefetchRows(keys + (o + kRowsAhead) * stride, stride, 4, n);
+    PrefetchRows(keys + (o + kRowsAhead) * stride, stride * sizeof(T), 4, n * sizeof(T));
     int i = 0;
     for (; i + 8 <= n; i += 8) {
       const __m256 qv = _mm256_loadu_ps(q + i);
-      for (int r = 0; r < 4; ++r) acc[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[r] + i), acc[r]);
+      for (int r = 0; r < 4; ++r) acc[r] = _mm256_fmadd_ps(qv, L::Load(k[r] + i), acc[r]);
     }
     if (i < n) {
       const __m256i mask = TailMask(n - i);
       const __m256 qv = _mm256_maskload_ps(q + i, mask);
       for (int r = 0; r < 4; ++r) {
-        acc[r] = _mm256_fmadd_ps(qv, _mm256_maskload_ps(k[r] + i, mask), acc[r]);
+        acc[r] = _mm256_fmadd_ps(qv, L::LoadFirst(k[r] + i, n - i), acc[r]);
       }
     }
     for (int r = 0; r < 4; ++r) scores[o + r] = HorizontalSum(acc[r]);
   }
-  for (; o < count; ++o) scores[o] = Dot(q, keys + o * stride, n);
+  for (; o < count; ++o) scores[o] = DotRow<L>(q, keys + o * stride, n);
+  if (scales != nullptr) {
+    for (o = 0; o < count; ++o) scores[o] *= scales[o];
+  }
 }
 
-namespace {
-
-// AccumulateRows on NV vectors of 8 (the last `tail` lanes wide when tail > 0).
-template <int NV>
-void AccumulateChunk(const float* weights, const float* rows, int64_t stride, int count, int tail,
-                     float* out) {
+// AccumulateRows on NV vectors of 8 (the last `tail` lanes wide when tail >
+// 0) of rows read by L; `scales` (int8) multiply each row's weight, or
+// nullptr.
+template <int NV, typename L>
+void AccumulateChunk(const float* weights, const float* scales, const typename L::T* rows,
+                     int64_t stride, int count, int tail, float* out) {
+  using T = typename L::T;
   const __m256i last = tail > 0 ? TailMask(tail) : FirstLanes(8);
   __m256 acc[NV];
   for (int v = 0; v < NV; ++v) {
     acc[v] = v + 1 < NV ? _mm256_loadu_ps(out + 8 * v) : _mm256_maskload_ps(out + 8 * v, last);
   }
   for (int o = 0; o < count; ++o) {
-    PrefetchRows(rows + (o + kRowsAhead) * stride, stride, 1, 8 * NV);
-    const __m256 a = _mm256_broadcast_ss(weights + o);
-    const float* row = rows + o * stride;
-    for (int v = 0; v + 1 < NV; ++v)
-      acc[v] = _mm256_fmadd_ps(a, _mm256_loadu_ps(row + 8 * v), acc[v]);
-    acc[NV - 1] = _mm256_fmadd_ps(a, _mm256_maskload_ps(row + 8 * (NV - 1), last), acc[NV - 1]);
+    PrefetchRows(rows + (o + kRowsAhead) * stride, stride * sizeof(T), 1, 8 * NV * sizeof(T));
+    const __m256 a = _mm256_set1_ps(scales != nullptr ? weights[o] * scales[o] : weights[o]);
+    const T* row = rows + o * stride;
+    for (int v = 0; v + 1 < NV; ++v) acc[v] = _mm256_fmadd_ps(a, L::Load(row + 8 * v), acc[v]);
+    const __m256 end =
+        tail > 0 ? L::LoadFirst(row + 8 * (NV - 1), tail) : L::Load(row + 8 * (NV - 1));
+    acc[NV - 1] = _mm256_fmadd_ps(a, end, acc[NV - 1]);
   }
   for (int v = 0; v + 1 < NV; ++v) _mm256_storeu_ps(out + 8 * v, acc[v]);
   _mm256_maskstore_ps(out + 8 * (NV - 1), last, acc[NV - 1]);
 }
 
-}  // namespace
-
-void AccumulateRows(const float* weights, const float* rows, int64_t stride, int count, int n,
-                    float* out) {
-  using ChunkFn = void (*)(const float*, const float*, int64_t, int, int, float*);
-  static constexpr ChunkFn kChunk[8] = {AccumulateChunk<1>, AccumulateChunk<2>, AccumulateChunk<3>,
-                                        AccumulateChunk<4>, AccumulateChunk<5>, AccumulateChunk<6>,
-                                        AccumulateChunk<7>, AccumulateChunk<8>};
+template <typename L>
+void AccumulateRowsOf(const float* weights, const float* scales, const typename L::T* rows,
+                      int64_t stride, int count, int n, float* out) {
+  using ChunkFn =
+      void (*)(const float*, const float*, const typename L::T*, int64_t, int, int, float*);
+  static constexpr ChunkFn kChunk[8] = {
+      AccumulateChunk<1, L>, AccumulateChunk<2, L>, AccumulateChunk<3, L>, AccumulateChunk<4, L>,
+      AccumulateChunk<5, L>, AccumulateChunk<6, L>, AccumulateChunk<7, L>, AccumulateChunk<8, L>};
   // Chunks of up to 64 columns, each held in registers for the whole run.
   for (int c0 = 0; c0 < n; c0 += 64) {
     const int width = std::min(64, n - c0);
-    kChunk[(width + 7) / 8 - 1](weights, rows + c0, stride, count, width % 8, out + c0);
+    kChunk[(width + 7) / 8 - 1](weights, scales, rows + c0, stride, count, width % 8, out + c0);
   }
+}
+
+}  // namespace
+
+void DotRows(const float* q, const float* keys, int64_t stride, int count, int n, float* scores) {
+  DotRowsOf<LoadF32>(q, keys, nullptr, stride, count, n, scores);
+}
+void DotRows(const float* q, const Bf16* keys, int64_t stride, int count, int n, float* scores) {
+  DotRowsOf<LoadBf16>(q, keys, nullptr, stride, count, n, scores);
+}
+void DotRows(const float* q, const Fp16* keys, int64_t stride, int count, int n, float* scores) {
+  DotRowsOf<LoadFp16>(q, keys, nullptr, stride, count, n, scores);
+}
+void DotRows(const float* q, const int8_t* keys, const float* scales, int64_t stride, int count,
+             int n, float* scores) {
+  DotRowsOf<LoadInt8>(q, keys, scales, stride, count, n, scores);
+}
+
+void AccumulateRows(const float* weights, const float* rows, int64_t stride, int count, int n,
+                    float* out) {
+  AccumulateRowsOf<LoadF32>(weights, nullptr, rows, stride, count, n, out);
+}
+void AccumulateRows(const float* weights, const Bf16* rows, int64_t stride, int count, int n,
+                    float* out) {
+  AccumulateRowsOf<LoadBf16>(weights, nullptr, rows, stride, count, n, out);
+}
+void AccumulateRows(const float* weights, const Fp16* rows, int64_t stride, int count, int n,
+                    float* out) {
+  AccumulateRowsOf<LoadFp16>(weights, nullptr, rows, stride, count, n, out);
+}
+void AccumulateRows(const float* weights, const int8_t* rows, const float* scales, int64_t stride,
+                    int count, int n, float* out) {
+  AccumulateRowsOf<LoadInt8>(weights, scales, rows, stride, count, n, out);
 }
 
 void RmsNorm(const float* x, const float* weight, int n, float eps, float* out) {

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 
+#include "engine/cpu/kv_quant.h"
 #include "engine/cpu/thread_pool.h"
 
 namespace coalesce::engine::cpu {
@@ -59,6 +60,26 @@ void DotRows(const float* q, const float* keys, int64_t stride, int count, int n
 // cached values; out stays in registers across the run).
 void AccumulateRows(const float* weights, const float* rows, int64_t stride, int count, int n,
                     float* out);
+
+// The same two over a KV cache of bf16, fp16 or int8 rows (kv_quant.h),
+// dequantized as they are read, 8 elements at a time in registers: the
+// arithmetic of the float32 kernels on the floats each row stands for, bit
+// for bit (bf16, fp16 and int8 widen to float exactly). An int8 row o stands
+// for scales[o] times its integers, so
+//   DotRows:        scores[o] = Dot(q, float(keys row o), n) * scales[o]
+//   AccumulateRows: out[i] = fma(weights[o] * scales[o], float(rows[o * stride + i]), out[i])
+// (the scale applied once per row, not per element).
+//   keys, rows: [count rows, stride apart]   scales: [count]
+void DotRows(const float* q, const Bf16* keys, int64_t stride, int count, int n, float* scores);
+void DotRows(const float* q, const Fp16* keys, int64_t stride, int count, int n, float* scores);
+void DotRows(const float* q, const int8_t* keys, const float* scales, int64_t stride, int count,
+             int n, float* scores);
+void AccumulateRows(const float* weights, const Bf16* rows, int64_t stride, int count, int n,
+                    float* out);
+void AccumulateRows(const float* weights, const Fp16* rows, int64_t stride, int count, int n,
+                    float* out);
+void AccumulateRows(const float* weights, const int8_t* rows, const float* scales, int64_t stride,
+                    int count, int n, float* out);
 
 // out[i] = weight[i] * (x[i] / sqrt(mean(x^2) + eps)), as run.c's rmsnorm.
 //   x, weight, out: [n]

@@ -227,6 +227,7 @@ absl::Status CudaBackend<T>::Check(absl::Status status) {
 template <typename T>
 absl::Status CudaBackend<T>::Init() {
   kv_.block_size = options_.block_size;
+  kv_.dtype = KvDtypeOf(TypeInfo<T>::kPrecision);
   CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props_, options_.device));
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -761,6 +762,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(std::shared_ptr<const
         options.max_batch_tokens, ", max_seqs ", options.max_seqs, " must be >= 1 and ",
         "kv_memory_fraction ", options.kv_memory_fraction, " in (0, 1]"));
   }
+  if (absl::Status s = CheckCudaKvCacheDtype(options); !s.ok()) return s;
   switch (options.precision) {
     case Precision::kFp32:
       return Create<float>(std::move(model), options);

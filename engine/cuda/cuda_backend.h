@@ -21,10 +21,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "engine/backend.h"
 #include "engine/model.h"
 #include "engine/precision.h"
@@ -43,7 +46,11 @@ struct StageTimes {
 struct CudaBackendOptions {
   int device = 0;                          // CUDA device ordinal
   Precision precision = Precision::kBf16;  // weights and KV cache
-  int block_size = 16;                     // token positions per KV block
+  // The KV cache's type; nullopt: the weights' precision. Only that is built
+  // so far (CheckCudaKvCacheDtype): the quantized types wait for a GPU to be
+  // built and measured on.
+  std::optional<KvDtype> kv_cache_dtype;
+  int block_size = 16;  // token positions per KV block
   // KV blocks: num_blocks when > 0; otherwise kv_memory_fraction of the
   // device memory still free once weights and activations are allocated.
   int num_blocks = 0;
@@ -65,6 +72,22 @@ struct CudaBackendOptions {
   // values, so that decode steps can start at any position without a prefill.
   bool fill_kv_cache_random = false;
 };
+
+// The KV cache types the CUDA backend holds: for now only its weights'
+// precision (options.precision), which is also what nullopt means. Anything
+// else is INVALID_ARGUMENT, naming what it takes. CreateCudaBackend checks it;
+// it needs no GPU, so that every build can test it.
+inline absl::Status CheckCudaKvCacheDtype(const CudaBackendOptions& options) {
+  const KvDtype held = KvDtypeOf(options.precision);
+  if (!options.kv_cache_dtype.has_value() || *options.kv_cache_dtype == held) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the CUDA backend holds its KV cache only in its weights' precision (", KvDtypeName(held),
+      ") so far, not ", KvDtypeName(*options.kv_cache_dtype),
+      ": KV caches of other types (int8, fp8 e4m3, or a float type other than the weights') are "
+      "not built for CUDA yet"));
+}
 
 // Whether a CUDA device is usable here. False with the reason in *why:
 // "built without CUDA", "no CUDA device (cudaGetDeviceCount: ...)", ...

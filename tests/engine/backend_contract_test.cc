@@ -1,12 +1,13 @@
 // The contract every Backend keeps (engine/backend.h), one suite run against
-// each backend: the CPU backend, the null backend and, in a CUDA build, the
-// CUDA backend in FP32 and in BF16 (without a usable GPU each CUDA test skips
-// itself and says why). A backend is a "kind" below: how to create one, and
-// the traits where the contract reads differently for it, each with its
-// reason. What only one backend promises stays in its own file:
-// cpu_backend_test.cc (block size and thread count), null_backend_test.cc
-// (its token function, the ids it avoids), cuda_backend_test.cc (logits
-// against the CPU backend, goldens, graph replay, KV sizing from free memory).
+// each backend: the CPU backend (with each of its KV cache types), the null
+// backend and, in a CUDA build, the CUDA backend in FP32 and in BF16 (without a usable GPU each
+// CUDA test skips itself and says why). A backend is a "kind" below: how to create one, and the
+// traits where the contract reads differently for it, each with its reason. What only one backend
+// promises stays in its own file: cpu_backend_test.cc (block size and thread count),
+// null_backend_test.cc (its token function, the ids it avoids), cuda_backend_test.cc (logits
+// against the CPU backend, goldens, graph replay, KV sizing from free memory);
+// how close the CPU's quantized KV caches stay to float32 is in
+// cpu_backend_test.cc.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -96,7 +97,7 @@ struct Agreement {
 //   Create(model, kv)          a backend of this kind
 //   CreateReference(model, kv) the backend whose logits it must reproduce,
 //                              within kReferenceAgreement
-//   kCapabilities, DescribeWords(), KvBytesPerElement(),
+//   kCapabilities, DescribeWords(), KvBytesPerToken(config),
 //   WeightBytesPerParameter(), kWeightBytesExact    what it says of itself
 //   kTakesAModel, kReadsWeights, kRefusesNegativeBlockCount    what it refuses
 //   kChunkingAgreement         prefill in one step or in chunks against single
@@ -112,17 +113,27 @@ struct Agreement {
 
 // The CPU backend: float32 on the host, each weight matrix applied by a
 // batch-invariant product of our own (cpu_backend.h), so a sequence's logits
-// are the same bit for bit whatever shares its step.
+// are the same bit for bit whatever shares its step. Its KV cache holds D:
+// float32, or bf16, fp16 or int8 dequantized as attention reads it, which
+// changes what the logits are (cpu_backend_test.cc bounds how much) but not
+// that they are a pure function of the sequence: every contract below holds
+// bit for bit with every type.
+template <KvDtype D>
 struct CpuKind {
-  static constexpr char kLabel[] = "Cpu";
+  static constexpr const char* kLabel = D == KvDtype::kFp32   ? "Cpu"
+                                        : D == KvDtype::kBf16 ? "CpuKvBf16"
+                                        : D == KvDtype::kFp16 ? "CpuKvFp16"
+                                                              : "CpuKvInt8";
   static constexpr std::string_view kName = "cpu";
   static constexpr bool kNeedsGpu = false;
 
   static absl::StatusOr<std::unique_ptr<Backend>> Create(std::shared_ptr<const Model> model,
-                                                         const KvCacheConfig& kv) {
+                                                         KvCacheConfig kv) {
+    kv.dtype = D;
     return CreateCpuBackend(std::move(model), {.kv_cache = kv});  // a thread per core
   }
-  // Another CPU backend, fresh: the same arithmetic gives the same bits.
+  // Another CPU backend with the same KV cache type, fresh: the same
+  // arithmetic gives the same bits.
   static absl::StatusOr<std::unique_ptr<Backend>> CreateReference(
       std::shared_ptr<const Model> model, const KvCacheConfig& kv) {
     return Create(std::move(model), kv);
@@ -135,9 +146,18 @@ struct CpuKind {
                                                         .copies_blocks = true,
                                                         .all_logits = true,
                                                         .samples_on_host = true};
-  static std::vector<std::string> DescribeWords() { return {}; }
-  // float32 weights and KV cache.
-  static int KvBytesPerElement() { return 4; }
+  // "cpu" alone with a float32 cache, as ever; the type otherwise.
+  static std::vector<std::string> DescribeWords() {
+    if (D == KvDtype::kFp32) return {};
+    return {"fp32 weights", std::string("KV cache ") + KvDtypeName(D)};
+  }
+  // float32 weights; K and V of every layer at D's bytes, and for int8 a
+  // float scale per token and KV head.
+  static int64_t KvBytesPerToken(const ModelConfig& c) {
+    const int element = D == KvDtype::kFp32 ? 4 : D == KvDtype::kInt8 ? 1 : 2;
+    const int scale = D == KvDtype::kInt8 ? 4 : 0;
+    return int64_t{2} * c.n_layers * (c.kv_dim() * element + c.n_kv_heads * scale);
+  }
   static int WeightBytesPerParameter() { return 4; }
   static constexpr bool kWeightBytesExact = true;
 
@@ -146,7 +166,9 @@ struct CpuKind {
   static constexpr bool kRefusesNegativeBlockCount = true;
 
   // 1e-4 is the contract. Both run each row through the same per-row
-  // arithmetic (kernels.h), so the match is in fact exact.
+  // arithmetic (kernels.h), and a prompt's K and V are written to the cache
+  // before attention reads them, so the match is in fact exact, whatever the
+  // KV cache type.
   static constexpr Agreement kChunkingAgreement = {.max_abs = 1e-4};
   static constexpr Agreement kBatchMatesAgreement = {.bit_identical = true};
   static constexpr double kShareDecodingAsAlone = 1.0;
@@ -186,7 +208,7 @@ struct NullKind {
                                                         .samples_on_host = true};
   static std::vector<std::string> DescribeWords() { return {"NO ARITHMETIC", "meaningless"}; }
   // It holds no KV memory and reads no weights.
-  static int KvBytesPerElement() { return 0; }
+  static int64_t KvBytesPerToken(const ModelConfig&) { return 0; }
   static int WeightBytesPerParameter() { return 0; }
   static constexpr bool kWeightBytesExact = true;
 
@@ -249,7 +271,9 @@ struct CudaKind {
   static std::vector<std::string> DescribeWords() {
     return {"cuda: ", std::string(PrecisionName(P)) + " weights"};
   }
-  static int KvBytesPerElement() { return PrecisionBytes(P); }
+  static int64_t KvBytesPerToken(const ModelConfig& c) {
+    return int64_t{2} * c.n_layers * c.kv_dim() * PrecisionBytes(P);
+  }
   static int WeightBytesPerParameter() { return PrecisionBytes(P); }
   // It counts the matrices a step reads, at P: not the float32 norms, and not
   // an untied embedding, of which a step reads a few rows. So at most the
@@ -316,7 +340,10 @@ class BackendContractTest : public ::testing::Test {
 // case after it, e.g. "BackendContractTest.RefusesBadStepsAndKeepsWorking<Cpu>".
 // (A name generator would rename the gtest cases, "BackendContractTest/Cpu",
 // but CMake's discovery reads only numbered typed cases.)
-struct Cpu : coalesce::engine::CpuKind {};
+struct Cpu : coalesce::engine::CpuKind<coalesce::engine::KvDtype::kFp32> {};
+struct CpuKvBf16 : coalesce::engine::CpuKind<coalesce::engine::KvDtype::kBf16> {};
+struct CpuKvFp16 : coalesce::engine::CpuKind<coalesce::engine::KvDtype::kFp16> {};
+struct CpuKvInt8 : coalesce::engine::CpuKind<coalesce::engine::KvDtype::kInt8> {};
 struct Null : coalesce::engine::NullKind {};
 #if COALESCE_HAVE_CUDA
 struct CudaFp32 : coalesce::engine::CudaKind<coalesce::engine::Precision::kFp32> {};
@@ -327,9 +354,10 @@ namespace coalesce::engine {
 namespace {
 
 #if COALESCE_HAVE_CUDA
-using BackendKinds = ::testing::Types<::Cpu, ::Null, ::CudaFp32, ::CudaBf16>;
+using BackendKinds =
+    ::testing::Types<::Cpu, ::CpuKvBf16, ::CpuKvFp16, ::CpuKvInt8, ::Null, ::CudaFp32, ::CudaBf16>;
 #else
-using BackendKinds = ::testing::Types<::Cpu, ::Null>;
+using BackendKinds = ::testing::Types<::Cpu, ::CpuKvBf16, ::CpuKvFp16, ::CpuKvInt8, ::Null>;
 #endif
 TYPED_TEST_SUITE(BackendContractTest, BackendKinds);
 
@@ -370,8 +398,7 @@ TYPED_TEST(BackendContractTest, DescribesItselfItsCapabilitiesAndItsKvCache) {
   EXPECT_EQ(backend->kv_cache().num_blocks, 8);
   // 5 layers x (K + V) x 16 positions x kv_dim 32 x 4 bytes.
   EXPECT_EQ(KvBlockBytes(c, 16), 5 * 2 * 16 * 32 * 4);
-  EXPECT_EQ(backend->kv_bytes_per_token(),
-            int64_t{2} * c.n_layers * c.kv_dim() * Kind::KvBytesPerElement());
+  EXPECT_EQ(backend->kv_bytes_per_token(), Kind::KvBytesPerToken(c));
   const int64_t parameter_bytes = c.num_parameters() * Kind::WeightBytesPerParameter();
   if constexpr (Kind::kWeightBytesExact) {
     EXPECT_EQ(backend->weight_bytes(), parameter_bytes);

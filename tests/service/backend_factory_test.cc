@@ -1,7 +1,7 @@
-// The device rule, the precision rule and the KV sizing of --device, --dtype
-// and --kv_cache_memory (service/backend_factory.h), and the fault injector
-// of --fault_injection. Runs without a GPU: the CUDA side is checked through
-// the options it would be given.
+// The device rule, the precision rule, the KV cache type rule and the KV
+// sizing of --device, --dtype, --kv_cache_dtype and --kv_cache_memory
+// (service/backend_factory.h), and the fault injector of --fault_injection. Runs without a GPU: the
+// CUDA side is checked through the options it would be given.
 #include "service/backend_factory.h"
 
 #include <memory>
@@ -15,6 +15,7 @@
 namespace coalesce::service {
 namespace {
 
+using engine::KvDtype;
 using engine::Precision;
 using ::testing::HasSubstr;
 
@@ -100,6 +101,72 @@ TEST(PlanBackendTest, NullIsTheNullBackendAndTakesNoDtype) {
   }
 }
 
+TEST(PlanBackendTest, KvCacheDtypeAutoFollowsTheBackend) {
+  // auto: fp32 on the CPU (and the null backend), the weights' precision on
+  // CUDA.
+  EXPECT_EQ(PlanBackend(Options(Device::kCpu), false, "")->kv_dtype, KvDtype::kFp32);
+  EXPECT_EQ(PlanBackend(Options(Device::kNull), false, "")->kv_dtype, KvDtype::kFp32);
+  EXPECT_EQ(PlanBackend(Options(Device::kCuda), true, "")->kv_dtype, KvDtype::kBf16);
+  EXPECT_EQ(PlanBackend(Options(Device::kCuda, Precision::kFp16), true, "")->kv_dtype,
+            KvDtype::kFp16);
+  EXPECT_EQ(PlanBackend(Options(Device::kAuto), false, "none")->kv_dtype, KvDtype::kFp32);
+}
+
+TEST(PlanBackendTest, TheCpuHoldsFp32Bf16Fp16AndInt8ButNotFp8) {
+  for (const Device device : {Device::kCpu, Device::kNull, Device::kAuto}) {
+    for (const KvDtype dtype : {KvDtype::kFp32, KvDtype::kBf16, KvDtype::kFp16, KvDtype::kInt8}) {
+      ServerOptions o = Options(device);
+      o.kv_cache_dtype = dtype;
+      absl::StatusOr<BackendPlan> plan = PlanBackend(o, false, "no CUDA device");
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      EXPECT_EQ(plan->kv_dtype, dtype);
+    }
+    ServerOptions o = Options(device);
+    o.kv_cache_dtype = KvDtype::kFp8;
+    absl::StatusOr<BackendPlan> plan = PlanBackend(o, false, "no CUDA device");
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(plan.status().message()), HasSubstr("--kv_cache_dtype=fp8"));
+    EXPECT_THAT(std::string(plan.status().message()), HasSubstr("CUDA"));
+    if (device == Device::kAuto) {
+      EXPECT_THAT(std::string(plan.status().message()), HasSubstr("no CUDA device"));
+    }
+  }
+}
+
+// Until the quantized types are built and measured on a GPU, CUDA holds its
+// KV cache in its weights' precision only, and says so at start-up.
+TEST(PlanBackendTest, CudaHoldsOnlyItsWeightsPrecisionSoFar) {
+  for (const Precision p : {Precision::kBf16, Precision::kFp16, Precision::kFp32}) {
+    ServerOptions o = Options(Device::kCuda, p);
+    o.kv_cache_dtype = engine::KvDtypeOf(p);
+    absl::StatusOr<BackendPlan> plan = PlanBackend(o, true, "");
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->kv_dtype, engine::KvDtypeOf(p));
+    for (const KvDtype other :
+         {KvDtype::kFp32, KvDtype::kBf16, KvDtype::kFp16, KvDtype::kInt8, KvDtype::kFp8}) {
+      if (other == engine::KvDtypeOf(p)) continue;
+      o.kv_cache_dtype = other;
+      for (const Device device : {Device::kCuda, Device::kAuto}) {
+        o.device = device;
+        plan = PlanBackend(o, true, "");
+        EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+        const std::string message(plan.status().message());
+        EXPECT_THAT(message, HasSubstr(std::string("--kv_cache_dtype=") + KvDtypeName(other)));
+        EXPECT_THAT(message, HasSubstr("not built for CUDA yet"));
+        if (device == Device::kAuto) {
+          EXPECT_THAT(message, HasSubstr("--device=cpu"));
+        }
+      }
+      o.device = Device::kCuda;
+      // The backend itself refuses it too, before touching a device.
+      engine::CudaBackendOptions cuda;
+      cuda.precision = p;
+      cuda.kv_cache_dtype = other;
+      EXPECT_EQ(engine::CheckCudaKvCacheDtype(cuda).code(), absl::StatusCode::kInvalidArgument);
+    }
+  }
+}
+
 TEST(KvSizingTest, BlockBytesFollowThePrecision) {
   const engine::ModelConfig& c = TinyModel()->config;  // 5 layers, kv_dim 32
   ASSERT_EQ(c.n_layers, 5);
@@ -159,6 +226,48 @@ TEST(KvSizingTest, CpuKeepsItsMeaning) {
   EXPECT_EQ(CpuOptions(o, c, int64_t{1} << 30)->kv_cache.num_blocks, 16 * 128);
   o.kv_cache_memory = "100";
   EXPECT_EQ(CpuOptions(o, c, int64_t{1} << 30).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The same memory holds 2x the blocks in bf16 or fp16, and in int8 what a
+// byte per value plus a float per token and KV head allow: synthetic:tiny has
+// 5 layers and kv_dim 32 in 4 KV heads, so an int8 block of 16 is
+// 2 x 5 x 16 x (32 + 4 x 4) = 7680 bytes against fp32's 20480 (2.67x; the
+// scales weigh more the smaller the head, 8 here).
+TEST(KvSizingTest, CpuBlocksFollowTheKvCacheDtype) {
+  const engine::ModelConfig& c = TinyModel()->config;
+  ServerOptions o = Options(Device::kCpu);
+  o.kv_cache_memory = "1MiB";
+  const std::pair<KvDtype, int64_t> cases[] = {{KvDtype::kFp32, 20480},
+                                               {KvDtype::kBf16, 10240},
+                                               {KvDtype::kFp16, 10240},
+                                               {KvDtype::kInt8, 7680}};
+  for (const auto& [dtype, block_bytes] : cases) {
+    SCOPED_TRACE(engine::KvDtypeName(dtype));
+    EXPECT_EQ(engine::KvBlockBytes(c, 16, dtype), block_bytes);
+    o.kv_cache_dtype = dtype;
+    absl::StatusOr<engine::CpuBackendOptions> cpu = CpuOptions(o, c, int64_t{1} << 30);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    EXPECT_EQ(cpu->kv_cache.num_blocks, (1 << 20) / block_bytes);
+    EXPECT_EQ(cpu->kv_cache.dtype, dtype);
+    // The backend made from them holds that type, and the null backend
+    // accounts for the same blocks.
+    absl::StatusOr<std::unique_ptr<engine::Backend>> backend = CreateBackend(o, TinyModel(), kEos);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    EXPECT_EQ((*backend)->kv_cache().dtype, dtype);
+    EXPECT_EQ((*backend)->kv_cache().num_blocks, (1 << 20) / block_bytes);
+    EXPECT_EQ((*backend)->kv_bytes_per_token() * 16, block_bytes);
+    o.device = Device::kNull;
+    absl::StatusOr<std::unique_ptr<engine::Backend>> null = CreateBackend(o, TinyModel(), kEos);
+    ASSERT_TRUE(null.ok()) << null.status();
+    EXPECT_EQ((*null)->kv_cache().num_blocks, (1 << 20) / block_bytes);
+    o.device = Device::kCpu;
+  }
+  // A size on CUDA counts blocks of the cache's type too (here the weights').
+  ServerOptions cuda = Options(Device::kCuda);
+  cuda.kv_cache_memory = "1MiB";
+  cuda.kv_cache_dtype = KvDtype::kBf16;
+  EXPECT_EQ(CudaOptions(cuda, c, Precision::kBf16)->num_blocks, (1 << 20) / 10240);
+  EXPECT_EQ(CudaOptions(cuda, c, Precision::kBf16)->kv_cache_dtype, KvDtype::kBf16);
 }
 
 TEST(CreateBackendTest, CpuRunsTheCpuBackend) {

@@ -1,13 +1,19 @@
 // The CPU engine's kernels against their scalar definitions, bit for bit:
 // the matrix product (both instruction sets, any thread count, any shape and
-// row stride) and attention's two inner loops.
+// row stride) and attention's two inner loops, over a float32 KV cache and
+// over bf16, fp16 and int8 ones; and the conversions into those types
+// (kv_quant.h) against what they promise: the nearest value with ties to even,
+// and int8's scale and error bound.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "engine/cpu/kernels.h"
+#include "engine/cpu/kv_quant.h"
 #include "engine/cpu/thread_pool.h"
 #include "engine/sampler.h"
 #include "gtest/gtest.h"
@@ -118,6 +124,221 @@ TEST(AttentionKernelsTest, AccumulateRowsIsOneFmaChainPerColumn) {
       }
       AccumulateRows(weights.data(), rows.data(), stride, count, n, got.data());
       ExpectSameBits(want, got, "n " + std::to_string(n) + " count " + std::to_string(count));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The KV cache's other types
+// ---------------------------------------------------------------------------
+
+uint32_t Bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+float FromBits(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+// Random floats over many binades (2^-20 to 2^14), both signs, and the values
+// exactly halfway between two neighbours of a 16-bit type with `mantissa`
+// bits, so that rounding is tried on ties as well as on everything else.
+std::vector<float> ConversionInputs(int mantissa) {
+  Rng rng(11);
+  std::vector<float> v;
+  for (int i = 0; i < 20000; ++i) {
+    const float x = std::ldexp(1.0f + rng.NextFloat(), static_cast<int>(rng.NextFloat() * 34) - 20);
+    v.push_back(rng.NextFloat() < 0.5f ? -x : x);
+    // A tie: the low 23 - mantissa bits are 100...0.
+    const uint32_t drop = 23 - mantissa;
+    const uint32_t tie = (Bits(x) & ~((1u << drop) - 1)) | (1u << (drop - 1));
+    v.push_back(FromBits(tie));
+  }
+  return v;
+}
+
+// `got` is a value of the 16-bit type nearest to x (its neighbours, one step
+// below and above in the type's encoding, are no nearer), and of two equally
+// near it is the one with an even encoding. to_float reads an encoding.
+template <typename ToFloatFn>
+::testing::AssertionResult IsNearestTiesToEven(float x, uint16_t got, ToFloatFn to_float) {
+  const double want = x, at = to_float(got);
+  for (const int step : {-1, 1}) {
+    const uint16_t other = static_cast<uint16_t>(got + step);
+    const double there = to_float(other);
+    if (std::isnan(there) || std::signbit(there) != std::signbit(at)) continue;
+    const double d_at = std::fabs(want - at), d_there = std::fabs(want - there);
+    if (d_there < d_at || (d_there == d_at && (got & 1) != 0)) {
+      return ::testing::AssertionFailure()
+             << x << " became " << at << " (0x" << std::hex << got << "), but " << there << " (0x"
+             << other << ") is " << (d_there < d_at ? "nearer" : "as near and even");
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(KvQuantTest, Bf16RoundsToNearestTiesToEven) {
+  auto to_float = [](uint16_t bits) { return static_cast<double>(ToFloat(Bf16{bits})); };
+  for (const float x : ConversionInputs(7)) {
+    ASSERT_TRUE(IsNearestTiesToEven(x, ToBf16(x).bits, to_float));
+  }
+  // The ties by hand: 1 + 2^-8 is halfway between 1 and 1 + 2^-7.
+  EXPECT_EQ(ToFloat(ToBf16(1.0f + 0x1p-8f)), 1.0f);
+  EXPECT_EQ(ToFloat(ToBf16(1.0f + 3 * 0x1p-8f)), 1.0f + 0x1p-6f);
+  EXPECT_EQ(ToFloat(ToBf16(-2.5f)), -2.5f);  // exact values stay
+  EXPECT_TRUE(std::isnan(ToFloat(ToBf16(std::numeric_limits<float>::quiet_NaN()))));
+  // A NaN whose payload sits only in the low bits must not become infinity.
+  EXPECT_TRUE(std::isnan(ToFloat(ToBf16(FromBits(0x7F800001u)))));
+  EXPECT_EQ(ToFloat(ToBf16(INFINITY)), INFINITY);
+  EXPECT_EQ(ToFloat(ToBf16(std::numeric_limits<float>::max())), INFINITY);
+}
+
+TEST(KvQuantTest, Fp16RoundsToNearestTiesToEven) {
+  auto to_float = [](uint16_t bits) { return static_cast<double>(ToFloat(Fp16{bits})); };
+  for (const float x : ConversionInputs(10)) {
+    if (std::fabs(x) > 65504.0f || std::fabs(x) < 0x1p-14f) continue;  // fp16's normal range
+    ASSERT_TRUE(IsNearestTiesToEven(x, ToFp16(x).bits, to_float));
+  }
+  EXPECT_EQ(ToFloat(ToFp16(1.0f + 0x1p-11f)), 1.0f);
+  EXPECT_EQ(ToFloat(ToFp16(1.0f + 3 * 0x1p-11f)), 1.0f + 0x1p-9f);
+  EXPECT_EQ(ToFloat(ToFp16(65504.0f)), 65504.0f);
+  EXPECT_EQ(ToFloat(ToFp16(65520.0f)), INFINITY);  // the tie above the largest half
+  EXPECT_TRUE(std::isnan(ToFloat(ToFp16(std::numeric_limits<float>::quiet_NaN()))));
+}
+
+// scale = max|x| / 127; every value comes back within scale / 2 (plus float
+// rounding: x / scale is within 127 * 2^-24 of exact, and q * scale rounds
+// once more, so 0.5 + 2e-5 of a scale); the largest comes back as +-127.
+TEST(KvQuantTest, Int8RoundTripsWithinHalfAScale) {
+  for (const int n : {1, 7, 8, 48, 64, 128}) {
+    for (const float magnitude : {1e-30f, 1e-3f, 1.0f, 3e4f}) {
+      std::vector<float> x = RandomValues(n, 12 + n);
+      for (float& v : x) v *= magnitude;
+      std::vector<int8_t> q(n, 99);
+      const float scale = QuantizeInt8(x.data(), n, q.data());
+      float max = 0.0f;
+      for (float v : x) max = std::max(max, std::fabs(v));
+      ASSERT_EQ(scale, max / 127.0f) << "n " << n << " magnitude " << magnitude;
+      bool has_extreme = false;
+      for (int i = 0; i < n; ++i) {
+        ASSERT_GE(q[i], -127);
+        const float back = q[i] * scale;
+        ASSERT_LE(std::fabs(back - x[i]), 0.50002f * scale)
+            << "n " << n << " magnitude " << magnitude << " element " << i << ": " << x[i]
+            << " came back as " << back << " (q " << int{q[i]} << ", scale " << scale << ")";
+        has_extreme = has_extreme || std::abs(q[i]) == 127;
+      }
+      EXPECT_TRUE(has_extreme) << "n " << n;
+    }
+  }
+}
+
+TEST(KvQuantTest, Int8RoundsTiesToEvenAndHandlesZerosAndNonFinite) {
+  // max 127: scale exactly 1, so x / scale is x and the ties are exact.
+  const float x[] = {127.0f, 2.5f, 3.5f, -2.5f, 0.5f, -0.49f, 1.5f, -127.0f};
+  int8_t q[8];
+  EXPECT_EQ(QuantizeInt8(x, 8, q), 1.0f);
+  const int8_t want[] = {127, 2, 4, -2, 0, 0, 2, -127};
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(q[i], want[i]) << x[i];
+
+  const float zeros[4] = {};
+  int8_t qz[4] = {1, 2, 3, 4};
+  EXPECT_EQ(QuantizeInt8(zeros, 4, qz), 0.0f);
+  for (int8_t v : qz) EXPECT_EQ(v, 0);
+
+  // An infinity or a NaN: a NaN scale, so the head reads back as NaN.
+  for (const float bad : {INFINITY, -INFINITY, std::numeric_limits<float>::quiet_NaN()}) {
+    const float y[3] = {1.0f, bad, 2.0f};
+    int8_t qy[3] = {5, 5, 5};
+    EXPECT_TRUE(std::isnan(QuantizeInt8(y, 3, qy))) << bad;
+    for (int8_t v : qy) EXPECT_EQ(v, 0);
+  }
+}
+
+// Rows of a 16-bit or int8 KV cache and the floats they stand for.
+struct TypedRows {
+  std::vector<Bf16> bf16;
+  std::vector<Fp16> fp16;
+  std::vector<int8_t> int8;
+  std::vector<float> scales;                              // [count] (int8)
+  std::vector<float> as_bf16, as_fp16, as_int8_integers;  // [count * stride] the values read
+};
+
+TypedRows MakeRows(int count, int stride, int n, uint64_t seed) {
+  const std::vector<float> x = RandomValues(static_cast<size_t>(count) * stride, seed);
+  TypedRows r;
+  for (float v : x) {
+    r.bf16.push_back(ToBf16(v));
+    r.fp16.push_back(ToFp16(v));
+    r.as_bf16.push_back(ToFloat(r.bf16.back()));
+    r.as_fp16.push_back(ToFloat(r.fp16.back()));
+  }
+  r.int8.resize(x.size());
+  for (int o = 0; o < count; ++o) {
+    r.scales.push_back(QuantizeInt8(&x[static_cast<size_t>(o) * stride], n,
+                                    &r.int8[static_cast<size_t>(o) * stride]));
+  }
+  for (int8_t q : r.int8) r.as_int8_integers.push_back(static_cast<float>(q));
+  return r;
+}
+
+// The typed kernels are the float32 kernels on the values the rows stand for:
+// DotRows is Dot on them (times the row's scale, for int8), bit for bit.
+TEST(AttentionKernelsTest, TypedDotRowsEqualDotOnTheDequantizedRows) {
+  for (int n : {1, 7, 8, 48, 64, 100}) {
+    for (int count : {1, 3, 4, 5, 16}) {
+      const int stride = n + 9;
+      const std::vector<float> q = RandomValues(n, 5);
+      const TypedRows r = MakeRows(count, stride, n, 6);
+      const std::string what = "n " + std::to_string(n) + " count " + std::to_string(count);
+      std::vector<float> want(count), got(count);
+      for (int o = 0; o < count; ++o) want[o] = Dot(q.data(), &r.as_bf16[o * stride], n);
+      DotRows(q.data(), r.bf16.data(), stride, count, n, got.data());
+      ExpectSameBits(want, got, "bf16 " + what);
+      for (int o = 0; o < count; ++o) want[o] = Dot(q.data(), &r.as_fp16[o * stride], n);
+      DotRows(q.data(), r.fp16.data(), stride, count, n, got.data());
+      ExpectSameBits(want, got, "fp16 " + what);
+      for (int o = 0; o < count; ++o) {
+        want[o] = Dot(q.data(), &r.as_int8_integers[o * stride], n) * r.scales[o];
+      }
+      DotRows(q.data(), r.int8.data(), r.scales.data(), stride, count, n, got.data());
+      ExpectSameBits(want, got, "int8 " + what);
+    }
+  }
+}
+
+// AccumulateRows is one fma chain per column over the values the rows stand
+// for; for int8 each row's weight is first multiplied by its scale.
+TEST(AttentionKernelsTest, TypedAccumulateRowsIsOneFmaChainPerColumn) {
+  for (int n : {1, 8, 13, 48, 64, 65, 130}) {
+    for (int count : {1, 5, 16}) {
+      const int stride = n + 3;
+      const std::vector<float> weights = RandomValues(count, 7);
+      const TypedRows r = MakeRows(count, stride, n, 8);
+      const std::vector<float> start = RandomValues(n, 9);
+      const std::string what = "n " + std::to_string(n) + " count " + std::to_string(count);
+      auto chain = [&](const std::vector<float>& rows, const float* scales) {
+        std::vector<float> out = start;
+        for (int i = 0; i < n; ++i) {
+          for (int o = 0; o < count; ++o) {
+            const float w = scales != nullptr ? weights[o] * scales[o] : weights[o];
+            out[i] = std::fma(w, rows[o * stride + i], out[i]);
+          }
+        }
+        return out;
+      };
+      std::vector<float> got = start;
+      AccumulateRows(weights.data(), r.bf16.data(), stride, count, n, got.data());
+      ExpectSameBits(chain(r.as_bf16, nullptr), got, "bf16 " + what);
+      got = start;
+      AccumulateRows(weights.data(), r.fp16.data(), stride, count, n, got.data());
+      ExpectSameBits(chain(r.as_fp16, nullptr), got, "fp16 " + what);
+      got = start;
+      AccumulateRows(weights.data(), r.int8.data(), r.scales.data(), stride, count, n, got.data());
+      ExpectSameBits(chain(r.as_int8_integers, r.scales.data()), got, "int8 " + what);
     }
   }
 }
