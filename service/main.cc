@@ -121,6 +121,17 @@ ABSL_FLAG(absl::Duration, keepalive_timeout, Defaults().keepalive_timeout,
           "Close a connection whose keepalive ping got no answer within this long.");
 ABSL_FLAG(int, max_request_bytes, Defaults().max_request_bytes,
           "Largest request message accepted (RESOURCE_EXHAUSTED above it).");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate chain: serve gRPC over TLS (with --tls_key_file). Re-read when the "
+          "file changes. Empty: plaintext.");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file's certificate.");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA bundle: require client certificates signed by it (mutual TLS).");
+ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(10),
+          "How often the TLS files are checked for a change (at least 1s).");
+ABSL_FLAG(int, health_port, -1,
+          "A plaintext port serving only the gRPC health service, for probes when TLS is on; "
+          "0 picks a free port, -1 serves none.");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
 ABSL_FLAG(bool, log_steps, Defaults().log_steps,
           "Log one line per engine step at --log_level=debug: decode and prefill tokens, "
@@ -220,6 +231,15 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
       service::ParseOverlapSteps(absl::GetFlag(FLAGS_overlap_steps));
   if (!overlap.ok()) return overlap.status();
   o.overlap_steps = *overlap;
+  o.tls.cert = absl::GetFlag(FLAGS_tls_cert_file);
+  o.tls.key = absl::GetFlag(FLAGS_tls_key_file);
+  o.tls.client_ca = absl::GetFlag(FLAGS_tls_client_ca_file);
+  o.tls.reload_interval = absl::GetFlag(FLAGS_tls_reload_interval);
+  if (absl::Status s = service::CheckTlsFiles(o.tls); !s.ok()) return s;
+  o.health_port = absl::GetFlag(FLAGS_health_port);
+  if (o.health_port < -1 || o.health_port > 65535) {
+    return absl::InvalidArgumentError("--health_port must be -1 (none), 0 (any) or a port");
+  }
   const std::string level = absl::GetFlag(FLAGS_log_level);
   if (level == "debug") {
     SetLogLevel(LogLevel::kDebug);

@@ -210,7 +210,7 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
   grpc::ServerBuilder builder;
   int grpc_port = 0;
   builder.AddListeningPort(absl::StrCat(options.host, ":", options.port),
-                           grpc::InsecureServerCredentials(), &grpc_port);
+                           ServerCredentialsFor(options.tls), &grpc_port);
   ConfigureConnections(options, builder);
   builder.RegisterService(s->service_.get());
   builder.RegisterService(s->health_.get());
@@ -221,7 +221,33 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
                                        why.empty() ? "" : ": ", why));
     return nullptr;
   }
+  if (options.health_port >= 0) {
+    // Probes that cannot speak TLS: the health service alone, in plaintext.
+    s->plain_health_ = std::make_unique<HealthService>(
+        std::vector<std::string>{std::string(v1::Generator::service_full_name())});
+    grpc::ServerBuilder health_builder;
+    int health_port = 0;
+    health_builder.AddListeningPort(absl::StrCat(options.host, ":", options.health_port),
+                                    grpc::InsecureServerCredentials(), &health_port);
+    health_builder.RegisterService(s->plain_health_.get());
+    s->health_server_ = health_builder.BuildAndStart();
+    if (s->health_server_ == nullptr || health_port == 0) {
+      Log(LogLevel::kError, absl::StrCat("cannot listen on ", options.host, ":",
+                                         options.health_port, " (--health_port)"));
+      return nullptr;
+    }
+    s->plain_health_->SetServing(true);
+    LogF(LogLevel::kInfo, "health service in plaintext on %s:%d", options.host, health_port);
+  }
   s->health_->SetServing(true);
+  if (options.tls.cert.empty()) {
+    Log(LogLevel::kInfo,
+        "gRPC in plaintext: anyone who reaches the port can generate; use --tls_cert_file and "
+        "--tls_key_file (and --tls_client_ca_file) beyond a trusted network");
+  } else {
+    LogF(LogLevel::kInfo, "gRPC over %s (%s, re-read every %s)", TlsModeName(options.tls),
+         options.tls.cert, absl::FormatDuration(options.tls.reload_interval));
+  }
   LogF(LogLevel::kInfo,
        "serving %s on %s:%d (metrics port %d), backend %s, max_batch_size %d, "
        "batch_window %s, batching %s, overlap_steps %s, prefix_caching %s",
@@ -247,6 +273,7 @@ int Server::WaitAndDrain() {
        absl::FormatDuration(drain));
   const absl::Time drain_end = absl::Now() + drain;
   health_->Shutdown();
+  if (plain_health_ != nullptr) plain_health_->Shutdown();
   // Shutdown sends GOAWAY at once: clients stop sending new calls here, while
   // the calls already running go on. It returns when every call has ended,
   // or cancels those left at its deadline. A call already on its way never
@@ -264,6 +291,10 @@ int Server::WaitAndDrain() {
   loop_->Stop();
   grpc_shutdown.join();
   server_->Wait();
+  if (health_server_ != nullptr) {
+    health_server_->Shutdown(absl::ToChronoTime(absl::Now() + kFinalMessageTime));
+    health_server_->Wait();
+  }
   absl::SleepFor(kCloseLinger);
   if (device_lost) {
     LogF(LogLevel::kError, "stopped after a lost device: exit code %d", reason.exit_code);

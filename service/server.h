@@ -61,6 +61,9 @@ class Server {
   std::unique_ptr<GeneratorService> service_;
   std::unique_ptr<HealthService> health_;
   std::unique_ptr<grpc::Server> server_;
+  // --health_port: the health service alone, in plaintext.
+  std::unique_ptr<HealthService> plain_health_;
+  std::unique_ptr<grpc::Server> health_server_;
 };
 
 }  // namespace coalesce::service

@@ -10,6 +10,7 @@
 #include "batcher/engine_loop.h"
 #include "batcher/scheduler.h"
 #include "engine/precision.h"
+#include "service/tls.h"
 
 namespace coalesce::service {
 
@@ -60,6 +61,12 @@ struct ServerOptions {
   absl::Duration stream_stall_timeout = absl::Seconds(10);
   // --overlap_steps: nullopt (auto) overlaps except on the null backend.
   std::optional<bool> overlap_steps;
+  // The gRPC port's transport security (service/tls.h): plaintext without
+  // a certificate.
+  TlsFiles tls;
+  // A plaintext port serving only grpc.health.v1.Health, for probes that
+  // cannot speak TLS: 0 picks a free port; -1 (default): none.
+  int health_port = -1;
 };
 
 // --dtype: "auto" (nullopt), "bf16", "fp16" or "fp32".

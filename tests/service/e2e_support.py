@@ -163,10 +163,15 @@ class Sample:
 
 
 class Client:
-    def __init__(self, server):
+    def __init__(self, server, credentials=None, wait_ready=True):
+        """A channel to `server`: plaintext, or over TLS with `credentials`
+        (grpc.ssl_channel_credentials); waits until it connects unless told
+        not to (a client the server will refuse)."""
         self.server = server
-        self.channel = grpc.insecure_channel(server.address)
-        grpc.channel_ready_future(self.channel).result(timeout=30)
+        self.channel = (grpc.insecure_channel(server.address) if credentials is None
+                        else grpc.secure_channel(server.address, credentials))
+        if wait_ready:
+            grpc.channel_ready_future(self.channel).result(timeout=30)
         self.pb = None
 
     def bind(self, pb):
