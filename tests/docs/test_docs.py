@@ -155,7 +155,8 @@ def test_cli_flags_match_the_configuration_page():
 
 # Every binary on Abseil flags, beside the server.
 TOOLS = [os.path.join(os.path.dirname(SERVER), name)
-         for name in ("coalesce-bench", "coalesce-engine-bench", "coalesce-loop-bench")]
+         for name in ("coalesce-bench", "coalesce-engine-bench", "coalesce-loop-bench",
+                     "coalesce-eval")]
 
 
 @pytest.mark.parametrize("binary", [SERVER, CLI] + TOOLS, ids=os.path.basename)
