@@ -901,6 +901,7 @@ void EngineLoop::Finish(Sequence& seq, StreamUpdate update) {
   summary.status = update.status.ok()
                        ? "ok"
                        : absl::AsciiStrToLower(absl::StatusCodeToString(update.status.code()));
+  summary.tenant = seq.request.tenant;
   summary.prompt_tokens = update.prompt_tokens;
   summary.completion_tokens = update.completion_tokens;
   summary.duration = clock_->Now() - seq.request.arrival;

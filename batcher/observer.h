@@ -33,6 +33,7 @@ struct QueueStats {
 struct RequestSummary {
   // "ok" or the lower-case status code name ("cancelled", ...)
   std::string status;
+  std::string tenant;  // GenerationRequest::tenant
   int prompt_tokens = 0;
   int completion_tokens = 0;
   absl::Duration duration;  // arrival to last token

@@ -15,6 +15,7 @@ namespace coalesce::batcher {
 
 struct GenerationRequest {
   std::string request_id;       // the caller's, for logs
+  std::string tenant;           // who sent it (--api_keys_file); empty: nobody named
   std::vector<int32_t> prompt;  // token ids, BOS included if wanted
   int max_new_tokens = 16;
   engine::SamplingParams sampling;

@@ -82,6 +82,16 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry, con
                           .Help("Requests refused or dropped before they ran, by reason "
                                 "(invalid, too_long, queue_full, queue_timeout)")
                           .Register(*registry_)),
+      tenant_requests_(prometheus::BuildCounter()
+                           .Name("coalesce_tenant_requests_total")
+                           .Help("Generate requests that ended, by tenant (--api_keys_file) and "
+                                 "final gRPC status")
+                           .Register(*registry_)),
+      tenant_tokens_(prometheus::BuildCounter()
+                         .Name("coalesce_tenant_tokens_total")
+                         .Help("Tokens of the requests that ended, by tenant (--api_keys_file) "
+                               "and kind (prompt, generated)")
+                         .Register(*registry_)),
       stalled_streams_(NewCounter(*registry_, "coalesce_stalled_streams_total",
                                   "Generate streams ended because their client read nothing "
                                   "for --stream_stall_timeout (counted cancelled)")),
@@ -168,7 +178,8 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry, con
                                   "resource_exhausted", "unavailable", "internal"}) {
     RequestsWithStatus(status);
   }
-  for (const char* reason : {"invalid", "too_long", "queue_full", "queue_timeout"}) {
+  for (const char* reason :
+       {"invalid", "too_long", "queue_full", "queue_timeout", "tenant_limit"}) {
     rejected_total_.Add({{"reason", reason}});
   }
 }
@@ -237,10 +248,21 @@ void ServerMetrics::OnInterToken(absl::Duration gap) { inter_token_latency_.Obse
 void ServerMetrics::OnFinished(const batcher::RequestSummary& summary) {
   RequestsWithStatus(summary.status).Increment();
   request_duration_.Observe(Seconds(summary.duration));
+  if (!summary.tenant.empty()) {
+    tenant_requests_.Add({{"tenant", summary.tenant}, {"status", summary.status}}).Increment();
+    tenant_tokens_.Add({{"tenant", summary.tenant}, {"kind", "prompt"}})
+        .Increment(summary.prompt_tokens);
+    tenant_tokens_.Add({{"tenant", summary.tenant}, {"kind", "generated"}})
+        .Increment(summary.completion_tokens);
+  }
 }
 
-void ServerMetrics::CountEndedBeforeEngine(std::string_view status) {
+void ServerMetrics::CountEndedBeforeEngine(std::string_view status, std::string_view tenant) {
   RequestsWithStatus(status).Increment();
+  if (!tenant.empty()) {
+    tenant_requests_.Add({{"tenant", std::string(tenant)}, {"status", std::string(status)}})
+        .Increment();
+  }
 }
 
 void ServerMetrics::OnRejected(std::string_view reason) {

@@ -56,8 +56,9 @@ class ServerMetrics : public batcher::LoopObserver {
   void OnStalledStream();
 
   // A request that ended before the engine loop took it (validation,
-  // draining, full queue), by lower-case status code name.
-  void CountEndedBeforeEngine(std::string_view status);
+  // draining, full queue, a tenant's limit), by lower-case status code
+  // name, and its tenant's (--api_keys_file; empty: none named).
+  void CountEndedBeforeEngine(std::string_view status, std::string_view tenant = "");
 
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
@@ -76,6 +77,10 @@ class ServerMetrics : public batcher::LoopObserver {
   prometheus::Counter& prompt_tokens_;
   prometheus::Counter& generated_tokens_;
   prometheus::Family<prometheus::Counter>& rejected_total_;
+  // With --api_keys_file: requests by tenant and status, tokens by tenant
+  // and kind (prompt, generated). Their labels come from the file.
+  prometheus::Family<prometheus::Counter>& tenant_requests_;
+  prometheus::Family<prometheus::Counter>& tenant_tokens_;
   prometheus::Counter& stalled_streams_;
   prometheus::Counter& preemptions_;
   prometheus::Family<prometheus::Histogram>& batch_tokens_;

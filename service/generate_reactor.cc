@@ -83,7 +83,7 @@ absl::Status GenerateReactor::Submit(batcher::GenerationRequest request) {
 
 // Finish is never called under mu_, and nothing of the reactor is touched
 // after it: gRPC may run OnDone (which deletes the reactor) at once.
-void GenerateReactor::Reject(const absl::Status& status) {
+void GenerateReactor::Reject(const absl::Status& status, absl::Duration retry_after) {
   {
     absl::MutexLock lock(&mu_);
     finish_called_ = true;
@@ -91,7 +91,11 @@ void GenerateReactor::Reject(const absl::Status& status) {
   if (status.code() == absl::StatusCode::kResourceExhausted) {
     // Overload: gRPC's own retry policy honours this pushback; others can
     // read it.
-    context_->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(kRetryPushbackMs));
+    const int64_t ms =
+        retry_after > absl::ZeroDuration()
+            ? absl::ToInt64Milliseconds(absl::Ceil(retry_after, absl::Milliseconds(1)))
+            : kRetryPushbackMs;
+    context_->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(ms));
   }
   Finish(ToGrpcStatus(status));
 }
@@ -124,6 +128,8 @@ void GenerateReactor::Deliver(batcher::StreamUpdate update) {
       }
     }
     if (update.finished) {
+      // Each sample's final update counts the prompt; the tenant pays it once.
+      tokens_used_ += update.completion_tokens + (update.index == 0 ? update.prompt_tokens : 0);
       engine_done_ = --finals_left_ == 0;
       if (!update.status.ok() && !failed_) {
         // An error status replaces the final message: drop unsent output,
@@ -264,6 +270,15 @@ void GenerateReactor::OnCancel() {
 }
 
 void GenerateReactor::OnDone() {
+  if (tenant_stream_ != nullptr) {
+    int64_t used;
+    {
+      absl::MutexLock lock(&mu_);
+      used = tokens_used_;
+    }
+    tenant_stream_->Charge(used);
+    tenant_stream_.reset();  // the tenant's stream is free again
+  }
   if (options_.on_done) options_.on_done();
   // Orders the deletion after every earlier reaction's use of the state,
   // whichever thread ran it.

@@ -33,6 +33,7 @@
 #include "batcher/request.h"
 #include "coalesce/v1/generator.grpc.pb.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "service/tenants.h"
 
 namespace coalesce::service {
 
@@ -49,6 +50,11 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   };
   GenerateReactor(grpc::CallbackServerContext* context, batcher::EngineLoop* loop, Options options);
 
+  // The caller's tenant stream (--api_keys_file), held until the call ends
+  // and then charged the tokens it used; before Submit.
+  void set_tenant_stream(std::unique_ptr<Tenants::Stream> stream) {
+    tenant_stream_ = std::move(stream);
+  }
   // Sets the request_id echoed in every response; before Submit.
   void set_request_id(std::string request_id) { request_id_ = std::move(request_id); }
   // Whether the client has gone (the request need not be prepared further).
@@ -58,8 +64,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // (CANCELLED if the client went away before); then the caller Rejects.
   absl::Status Submit(batcher::GenerationRequest request);
   // Finishes the RPC at once with `status`, a request that never reached the
-  // engine (RESOURCE_EXHAUSTED with gRPC's retry pushback trailer).
-  void Reject(const absl::Status& status);
+  // engine (RESOURCE_EXHAUSTED with gRPC's retry pushback trailer: after
+  // `retry_after`, or a default second).
+  void Reject(const absl::Status& status, absl::Duration retry_after = absl::ZeroDuration());
 
   // Called by the engine thread through the sink.
   void Deliver(batcher::StreamUpdate update);
@@ -99,6 +106,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   bool engine_done_ ABSL_GUARDED_BY(mu_) = false;    // every sample's final update received
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status final_status_ ABSL_GUARDED_BY(mu_);
+  // Prompt and generated tokens of the finished samples, for the tenant.
+  int64_t tokens_used_ ABSL_GUARDED_BY(mu_) = 0;
+  std::unique_ptr<Tenants::Stream> tenant_stream_;
   // The message being written, and its bytes; only the thread that started
   // the write (and then OnWriteDone) touches them.
   v1::GenerateResponse in_flight_message_;

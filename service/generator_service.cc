@@ -203,8 +203,26 @@ void GeneratorService::PrepareAndSubmit(GenerateReactor* reactor,
     status = absl::CancelledError("the client cancelled the request");
   } else if (status = ParseRequest(raw, &request); status.ok()) {
     reactor->set_request_id(request.request_id());
+    absl::StatusOr<Tenants::Caller> caller = Authenticate(context);
     absl::StatusOr<batcher::GenerationRequest> prepared =
-        Prepare(context, request, arrival, &rejection);
+        caller.ok() ? Prepare(context, request, arrival, &rejection) : caller.status();
+    if (prepared.ok() && options_.tenants != nullptr) {
+      // The tenant's limits, then its priority cap.
+      absl::Duration retry_after;
+      absl::StatusOr<std::unique_ptr<Tenants::Stream>> stream =
+          options_.tenants->Open(caller->name, &retry_after);
+      if (!stream.ok()) {
+        if (metrics_ != nullptr) {
+          metrics_->OnRejected("tenant_limit");
+          metrics_->CountEndedBeforeEngine(StatusName(stream.status()), caller->name);
+        }
+        reactor->Reject(stream.status(), retry_after);
+        return;
+      }
+      reactor->set_tenant_stream(*std::move(stream));
+      prepared->tenant = caller->name;
+      prepared->priority = std::min(prepared->priority, caller->max_priority);
+    }
     // The engine loop counts its own rejections.
     status = prepared.ok() ? reactor->Submit(*std::move(prepared)) : prepared.status();
     if (!prepared.ok() && metrics_ != nullptr) metrics_->OnRejected(rejection);
@@ -215,6 +233,23 @@ void GeneratorService::PrepareAndSubmit(GenerateReactor* reactor,
   // Counted before the client can see the error.
   if (metrics_ != nullptr) metrics_->CountEndedBeforeEngine(StatusName(status));
   reactor->Reject(status);
+}
+
+absl::StatusOr<Tenants::Caller> GeneratorService::Authenticate(
+    const grpc::CallbackServerContext& context) const {
+  if (options_.tenants == nullptr) return Tenants::Caller{};
+  std::string_view authorization;
+  const auto& metadata = context.client_metadata();
+  if (const auto it = metadata.find("authorization"); it != metadata.end()) {
+    authorization = std::string_view(it->second.data(), it->second.size());
+  }
+  std::string subject;
+  if (const auto auth = context.auth_context(); auth != nullptr) {
+    for (const grpc::string_ref& value : auth->FindPropertyValues("x509_subject")) {
+      subject.assign(value.data(), value.size());
+    }
+  }
+  return options_.tenants->Authenticate(authorization, subject);
 }
 
 void GeneratorService::PostUnary(grpc::ServerUnaryReactor* reactor,
@@ -230,6 +265,10 @@ grpc::ServerUnaryReactor* GeneratorService::GetModelInfo(grpc::CallbackServerCon
                                                          const grpc::ByteBuffer* request,
                                                          grpc::ByteBuffer* response) {
   auto* reactor = context->DefaultReactor();
+  if (absl::Status s = Authenticate(*context).status(); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
   v1::GetModelInfoRequest parsed;
   if (absl::Status s = ParseRequest(*request, &parsed); !s.ok()) {
     reactor->Finish(ToGrpcStatus(s));
@@ -262,6 +301,10 @@ grpc::ServerUnaryReactor* GeneratorService::Tokenize(grpc::CallbackServerContext
                                                      const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* response) {
   auto* reactor = context->DefaultReactor();
+  if (absl::Status s = Authenticate(*context).status(); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
   PostUnary(reactor, context, *request, [this, reactor, request, response] {
     v1::TokenizeRequest parsed;
     absl::Status status = ParseRequest(*request, &parsed);
@@ -281,6 +324,10 @@ grpc::ServerUnaryReactor* GeneratorService::Detokenize(grpc::CallbackServerConte
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* response) {
   auto* reactor = context->DefaultReactor();
+  if (absl::Status s = Authenticate(*context).status(); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
   PostUnary(reactor, context, *request, [this, reactor, request, response] {
     v1::DetokenizeRequest parsed;
     absl::Status status = ParseRequest(*request, &parsed);
@@ -303,6 +350,10 @@ grpc::ServerUnaryReactor* GeneratorService::ApplyChatTemplate(grpc::CallbackServ
                                                               const grpc::ByteBuffer* request,
                                                               grpc::ByteBuffer* response) {
   auto* reactor = context->DefaultReactor();
+  if (absl::Status s = Authenticate(*context).status(); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
   PostUnary(reactor, context, *request, [this, reactor, request, response] {
     v1::ApplyChatTemplateRequest parsed;
     absl::Status status = ParseRequest(*request, &parsed);

@@ -17,6 +17,7 @@
 #include "engine/chat/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "metrics/server_metrics.h"
+#include "service/tenants.h"
 #include "service/validation.h"
 #include "service/work_pool.h"
 
@@ -40,6 +41,9 @@ struct GeneratorServiceOptions {
   const engine::ChatTemplate* chat_template = nullptr;
   std::string chat_unavailable;
   engine::ChatRenderOptions chat_options;
+  // --api_keys_file: every Generator call must name a tenant, and Generate
+  // is held to its limits. Null: no authentication.
+  Tenants* tenants = nullptr;
 };
 
 using RawGeneratorService = v1::Generator::WithRawCallbackMethod_Generate<
@@ -92,6 +96,10 @@ class GeneratorService final : public RawGeneratorService {
       bool add_generation_prompt) const;
   // Runs `job` on the work pool, or finishes the unary call with
   // RESOURCE_EXHAUSTED when the pool is full.
+  // The caller's tenant, with --api_keys_file: from the `authorization`
+  // metadata, or a verified client certificate's subject. Without the file,
+  // a nameless caller.
+  absl::StatusOr<Tenants::Caller> Authenticate(const grpc::CallbackServerContext& context) const;
   void PostUnary(grpc::ServerUnaryReactor* reactor, grpc::CallbackServerContext* context,
                  const grpc::ByteBuffer& request, std::function<void()> job);
   bool NoGenerateCalls() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_) {

@@ -11,12 +11,14 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/flags.h"
 #include "common/log.h"
 #include "service/backend_factory.h"
 #include "service/library_logs.h"
 #include "service/server.h"
 #include "service/server_options.h"
+#include "service/tenants.h"
 
 namespace {
 // The server's defaults are ServerOptions' (service/server_options.h): each
@@ -129,6 +131,10 @@ ABSL_FLAG(std::string, tls_client_ca_file, "",
           "PEM CA bundle: require client certificates signed by it (mutual TLS).");
 ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(10),
           "How often the TLS files are checked for a change (at least 1s).");
+ABSL_FLAG(std::string, api_keys_file, "",
+          "JSON file of tenants: each a name, the SHA-256 of its API key (or a client "
+          "certificate subject), a weight, a maximum priority, and stream and token limits. "
+          "Clients then send 'authorization: Bearer KEY'. Re-read when it changes.");
 ABSL_FLAG(int, health_port, -1,
           "A plaintext port serving only the gRPC health service, for probes when TLS is on; "
           "0 picks a free port, -1 serves none.");
@@ -236,6 +242,12 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   o.tls.client_ca = absl::GetFlag(FLAGS_tls_client_ca_file);
   o.tls.reload_interval = absl::GetFlag(FLAGS_tls_reload_interval);
   if (absl::Status s = service::CheckTlsFiles(o.tls); !s.ok()) return s;
+  o.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
+  if (!o.api_keys_file.empty()) {
+    if (absl::Status s = service::Tenants::Load(o.api_keys_file, RealClock()).status(); !s.ok()) {
+      return s;
+    }
+  }
   o.health_port = absl::GetFlag(FLAGS_health_port);
   if (o.health_port < -1 || o.health_port > 65535) {
     return absl::InvalidArgumentError("--health_port must be -1 (none), 0 (any) or a port");

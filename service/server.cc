@@ -198,6 +198,18 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
   service_options.work_threads = options.work_threads;
   service_options.max_pending_work = options.max_queue;
   service_options.stream_stall_timeout = options.stream_stall_timeout;
+  if (!options.api_keys_file.empty()) {
+    absl::StatusOr<std::unique_ptr<Tenants>> tenants =
+        Tenants::Load(options.api_keys_file, RealClock());
+    if (!tenants.ok()) {
+      Log(LogLevel::kError, std::string(tenants.status().message()));
+      return nullptr;
+    }
+    s->tenants_ = *std::move(tenants);
+    service_options.tenants = s->tenants_.get();
+    LogF(LogLevel::kInfo, "API keys: %d tenants from %s; every Generator call needs one",
+         static_cast<int>(s->tenants_->names().size()), options.api_keys_file);
+  }
   s->service_ = std::make_unique<GeneratorService>(s->loop_.get(), s->model_.tokenizer.get(), &b,
                                                    service_options, s->metrics_.get());
   // Our own health service (service/health_service.h says why), for the

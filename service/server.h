@@ -17,6 +17,7 @@
 #include "service/health_service.h"
 #include "service/server_options.h"
 #include "service/shutdown.h"
+#include "service/tenants.h"
 
 namespace coalesce::service {
 
@@ -59,6 +60,7 @@ class Server {
   std::unique_ptr<DeviceLossWatcher> watcher_;
   std::unique_ptr<batcher::EngineLoop> loop_;
   std::unique_ptr<GeneratorService> service_;
+  std::unique_ptr<Tenants> tenants_;  // --api_keys_file; outlives the service's calls
   std::unique_ptr<HealthService> health_;
   std::unique_ptr<grpc::Server> server_;
   // --health_port: the health service alone, in plaintext.

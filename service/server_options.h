@@ -64,6 +64,8 @@ struct ServerOptions {
   // The gRPC port's transport security (service/tls.h): plaintext without
   // a certificate.
   TlsFiles tls;
+  // Tenants and their keys (service/tenants.h); empty: no authentication.
+  std::string api_keys_file;
   // A plaintext port serving only grpc.health.v1.Health, for probes that
   // cannot speak TLS: 0 picks a free port; -1 (default): none.
   int health_port = -1;

@@ -173,6 +173,8 @@ class Client:
         if wait_ready:
             grpc.channel_ready_future(self.channel).result(timeout=30)
         self.pb = None
+        # Sent with every Generator call: [("authorization", "Bearer KEY")].
+        self.metadata = None
 
     def bind(self, pb):
         self.pb = pb
@@ -244,7 +246,7 @@ class Client:
         """Runs one Generate call to its end; a failed call is recorded, not raised."""
         res = Result()
         t0 = time.monotonic()
-        call = self._generate(req, timeout=timeout)
+        call = self._generate(req, timeout=timeout, metadata=self.metadata)
         try:
             for msg in call:
                 res.times.append(time.monotonic() - t0)
@@ -278,15 +280,17 @@ class Client:
         return list(self._generate_raw(req, timeout=timeout))
 
     def info(self):
-        return self._info(self.pb.g.GetModelInfoRequest(), timeout=RPC_TIMEOUT)
+        return self._info(self.pb.g.GetModelInfoRequest(), timeout=RPC_TIMEOUT,
+                          metadata=self.metadata)
 
     def tokenize(self, text, add_special_tokens):
         return list(self._tokenize(self.pb.g.TokenizeRequest(
-            text=text, add_special_tokens=add_special_tokens), timeout=RPC_TIMEOUT).token_ids)
+            text=text, add_special_tokens=add_special_tokens), timeout=RPC_TIMEOUT,
+            metadata=self.metadata).token_ids)
 
     def detokenize(self, ids):
         return self._detokenize(self.pb.g.DetokenizeRequest(token_ids=ids),
-                                timeout=RPC_TIMEOUT).text
+                                timeout=RPC_TIMEOUT, metadata=self.metadata).text
 
     def apply_chat_template(self, messages, add_generation_prompt=True):
         """(text, token_ids); a failed call raises grpc.RpcError."""

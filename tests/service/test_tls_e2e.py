@@ -10,6 +10,7 @@ message; coalesce-cli connects over TLS.
     /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/service/test_tls_e2e.py
 """
 
+import json
 import os
 import re
 import shutil
@@ -236,3 +237,28 @@ def test_the_cli_connects_over_mutual_tls(pb, pki, tmp_path):
         assert half.returncode == 2 and "go together" in half.stderr
     finally:
         server.kill()
+
+
+def test_mutual_tls_names_the_tenant_by_its_certificate(pb, pki, tmp_path):
+    """With --api_keys_file, a client certificate's subject may name the
+    tenant instead of a key; an unknown subject is UNAUTHENTICATED."""
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"tenants": [{"name": "one", "client_cert_subject": "CN=client1"}]}))
+    server = tls_server(pki, str(tmp_path), client_ca=True,
+                        extra=["--api_keys_file=%s" % keys])
+    try:
+        good = connect(pb, server, pki, client="client1")
+        res = generate_ok(good)
+        assert res.code is None, res
+        assert good.metrics().get("coalesce_tenant_requests_total", tenant="one", status="ok") == 1
+        good.close()
+        # Same CA, another subject: no tenant has it.
+        make_cert(pki, "client3", "ca1", server=False)
+        stranger = connect(pb, server, pki, client="client3")
+        res = generate_ok(stranger)
+        assert res.code == grpc.StatusCode.UNAUTHENTICATED, res
+        assert 'no tenant has the client certificate subject "CN=client3"' in res.details
+        stranger.close()
+    finally:
+        server.kill()
+

@@ -1,0 +1,200 @@
+"""End-to-end tests of tenants (--api_keys_file) against the real server on
+stories260K with a real grpcio client: no key or a wrong one is
+UNAUTHENTICATED on every Generator call while health and reflection stay open;
+a key names its tenant in the metrics; a tenant over its streams or its tokens
+per minute gets RESOURCE_EXHAUSTED with the retry pushback trailer, and
+nobody else is disturbed; a priority above the tenant's maximum is capped; the
+file is re-read when it changes; no key reaches the log.
+
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/service/test_tenants_e2e.py
+"""
+
+import hashlib
+import json
+import os
+import threading
+import time
+
+import grpc
+import pytest
+
+from e2e_support import Client, Server, wait_for
+
+PROMPT = [1, 403, 407, 261]
+KEYS = {"alpha": "alpha-key-9a1b2c", "beta": "beta-key-3d4e5f", "gamma": "gamma-key-6a7b8c",
+        "other": "other-key-0f0f0f"}
+
+
+def tenant(name, **limits):
+    return dict(name=name, key_sha256=hashlib.sha256(KEYS[name].encode()).hexdigest(), **limits)
+
+
+def write_keys(path, tenants):
+    tmp = path + ".new"
+    with open(tmp, "w") as f:
+        json.dump({"tenants": tenants}, f)
+    os.replace(tmp, path)
+
+
+TENANTS = [tenant("alpha", max_streams=1, max_priority=0), tenant("beta", tokens_per_minute=60),
+           tenant("other", max_priority=10)]
+
+
+@pytest.fixture(scope="module")
+def keys_file(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("keys") / "keys.json")
+    write_keys(path, TENANTS)
+    return path
+
+
+@pytest.fixture(scope="module")
+def srv(pb, keys_file):
+    server = Server(["--api_keys_file=" + keys_file, "--batch_window=0"])
+    client = Client(server).bind(pb)
+    yield client
+    client.close()
+    server.kill()
+
+
+def as_tenant(client, name):
+    client.metadata = [("authorization", "Bearer " + KEYS[name])] if name else None
+    return client
+
+
+def test_no_key_or_a_wrong_one_is_unauthenticated_but_health_is_open(srv):
+    for metadata, words in [(None, "needs an API key"),
+                            ([("authorization", "Bearer nope")], "unknown API key"),
+                            ([("authorization", KEYS["alpha"])], "must be \"Bearer KEY\"")]:
+        srv.metadata = metadata
+        res = srv.generate(srv.request(ids=PROMPT, max_new_tokens=4))
+        assert res.code == grpc.StatusCode.UNAUTHENTICATED, res
+        assert words in res.details
+        for call in (srv.info, lambda: srv.tokenize("hi", True), lambda: srv.detokenize([5])):
+            with pytest.raises(grpc.RpcError) as e:
+                call()
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    srv.metadata = None
+    assert srv.health() == srv.pb.health.HealthCheckResponse.SERVING
+    assert srv.health("coalesce.v1.Generator") == srv.pb.health.HealthCheckResponse.SERVING
+    assert "coalesce.v1.Generator" in srv.list_services()  # reflection too
+
+
+def test_a_key_names_its_tenant_in_the_metrics(srv):
+    as_tenant(srv, "alpha")
+    before = srv.metrics()
+    res = srv.generate(srv.request(ids=PROMPT, max_new_tokens=6))
+    assert res.code is None and len(res.ids) == 6, res
+    assert srv.info().vocab_size == 512
+    after = srv.metrics()
+
+    def get(m, name, **labels):
+        try:
+            return m.get(name, **labels)
+        except AssertionError:
+            return 0.0
+
+    assert (get(after, "coalesce_tenant_requests_total", tenant="alpha", status="ok")
+            == get(before, "coalesce_tenant_requests_total", tenant="alpha", status="ok") + 1)
+    assert (get(after, "coalesce_tenant_tokens_total", tenant="alpha", kind="generated")
+            == get(before, "coalesce_tenant_tokens_total", tenant="alpha", kind="generated") + 6)
+    assert (get(after, "coalesce_tenant_tokens_total", tenant="alpha", kind="prompt")
+            == get(before, "coalesce_tenant_tokens_total", tenant="alpha", kind="prompt") + 4)
+
+
+def test_over_its_streams_a_tenant_waits_and_others_go_on(srv, pb, keys_file):
+    as_tenant(srv, "alpha")
+    long = srv.request(ids=PROMPT, max_new_tokens=400)
+    long.sampling.ignore_eos = True
+    result = {}
+    t = threading.Thread(target=lambda: result.update(res=srv.generate(long)))
+    t.start()
+    # Once the long call holds alpha's one stream, a second is refused.
+    second = None
+    for _ in range(100):
+        second = srv.generate(srv.request(ids=PROMPT, max_new_tokens=2))
+        if second.code is not None:
+            break
+        time.sleep(0.01)
+    assert second.code == grpc.StatusCode.RESOURCE_EXHAUSTED, second
+    assert "1 streams open, its limit" in second.details
+    assert int(second.trailing["grpc-retry-pushback-ms"]) > 0
+    # Another tenant is not disturbed.
+    other = Client(srv.server).bind(pb)
+    as_tenant(other, "other")
+    assert other.generate(other.request(ids=PROMPT, max_new_tokens=4)).code is None
+    other.close()
+    t.join()
+    assert result["res"].code is None and len(result["res"].ids) == 400
+    assert wait_for(lambda: srv.generate(srv.request(ids=PROMPT, max_new_tokens=2)).code is None,
+                    10)
+
+
+def test_over_its_tokens_per_minute_a_tenant_is_told_when_to_retry(srv):
+    as_tenant(srv, "beta")
+    first = srv.generate(srv.request(ids=PROMPT, max_new_tokens=70))
+    assert first.code is None, first
+    refused = srv.generate(srv.request(ids=PROMPT, max_new_tokens=4))
+    assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED, refused
+    assert "used its 60 tokens per minute; retry in" in refused.details
+    # 74 used of 60: 15 tokens of debt at one a second.
+    assert 10_000 <= int(refused.trailing["grpc-retry-pushback-ms"]) <= 16_000
+    assert srv.metrics().get("coalesce_requests_rejected_total", reason="tenant_limit") >= 1
+
+
+def test_a_changed_file_is_read_again(srv, keys_file):
+    as_tenant(srv, "gamma")
+    assert srv.generate(srv.request(ids=PROMPT, max_new_tokens=2)).code == \
+        grpc.StatusCode.UNAUTHENTICATED
+    write_keys(keys_file, TENANTS + [tenant("gamma")])
+    assert wait_for(lambda: srv.generate(srv.request(ids=PROMPT, max_new_tokens=2)).code is None,
+                    10)
+    assert "reloaded, 4 tenants" in srv.server.log()
+    write_keys(keys_file, TENANTS)
+
+
+def test_no_key_reaches_the_log(srv):
+    log = srv.server.log()
+    for key in KEYS.values():
+        assert key not in log
+
+
+def test_a_priority_above_the_tenant_s_maximum_is_capped(pb, keys_file):
+    """One slot: a long request holds it while `other` (priority 0) and then
+    alpha (asking 10, capped to 0) wait; first come, first served admits
+    `other` first. Uncapped, alpha's 10 would go first."""
+    server = Server(["--api_keys_file=" + keys_file, "--batch_window=0", "--max_batch_size=1"])
+    try:
+        results, order = {}, []
+        lock = threading.Lock()
+
+        def run(name, tokens, priority):
+            c = as_tenant(Client(server).bind(pb), name)
+            r = c.request(ids=PROMPT, max_new_tokens=tokens, priority=priority)
+            r.sampling.ignore_eos = True
+            results[name] = c.generate(r)
+            with lock:
+                order.append(name)
+            c.close()
+
+        def gauge(name):
+            return sum(v for (n, _), v in server_metrics().items() if n == name)
+
+        def server_metrics():
+            from e2e_support import parse_metrics
+            from coalesce_harness import read_metrics_text
+            return parse_metrics(read_metrics_text(server.metrics_port))
+
+        holder = threading.Thread(target=run, args=("beta", 500, 0))
+        holder.start()
+        assert wait_for(lambda: gauge("coalesce_requests_running") == 1, 30)
+        first = threading.Thread(target=run, args=("other", 4, 0))
+        first.start()
+        assert wait_for(lambda: gauge("coalesce_requests_waiting") == 1, 30)
+        second = threading.Thread(target=run, args=("alpha", 4, 10))
+        second.start()
+        for t in (holder, first, second):
+            t.join()
+        assert all(r.code is None for r in results.values()), results
+        assert order == ["beta", "other", "alpha"], order
+    finally:
+        server.kill()
