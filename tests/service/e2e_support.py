@@ -348,6 +348,20 @@ def parse_metrics(text):
     return out
 
 
+def with_sampling_controls(req, controls):
+    """Sets `controls` (SamplingParams field name -> value; logit_bias a
+    dict of id -> bias, stop_token_ids a list) on `req`; returns it."""
+    for name, value in controls.items():
+        if name == "logit_bias":
+            for token, bias in value.items():
+                req.sampling.logit_bias[token] = bias
+        elif name == "stop_token_ids":
+            req.sampling.stop_token_ids.extend(value)
+        else:
+            setattr(req.sampling, name, value)
+    return req
+
+
 def wait_for(predicate, timeout, interval=0.05):
     end = time.monotonic() + timeout
     while True:

@@ -19,7 +19,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from e2e_support import MODELS, run_concurrently, start_server  # noqa: E402
+from e2e_support import (MODELS, run_concurrently, start_server,  # noqa: E402
+                         with_sampling_controls)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "engine", "model"))
 from test_hf_parity import hf_greedy, randomize  # noqa: E402
@@ -156,18 +157,6 @@ def controlled_greedy(model, prompt, steps, controls):
     return ids[len(prompt):]
 
 
-def with_controls(req, controls):
-    for name, value in controls.items():
-        if name == "logit_bias":
-            for token, bias in value.items():
-                req.sampling.logit_bias[token] = bias
-        elif name == "stop_token_ids":
-            req.sampling.stop_token_ids.extend(value)
-        else:
-            setattr(req.sampling, name, value)
-    return req
-
-
 CONTROLLED = [
     ([1, 403, 407, 261], dict(repetition_penalty=2.0)),
     ([1, 42], dict(repetition_penalty=0.7)),
@@ -198,7 +187,7 @@ def test_sampling_controls_equal_transformers_processors(pb):
     server, client = start_server(["--batch_window=50ms"], model_flags=["--model=%s" % folder])
     try:
         client.bind(pb)
-        reqs = [with_controls(client.request(ids=p, max_new_tokens=steps), c)
+        reqs = [with_sampling_controls(client.request(ids=p, max_new_tokens=steps), c)
                 for p, c in CONTROLLED]
         for i, (req, want) in enumerate(zip(reqs, expected)):
             alone = client.generate(req)

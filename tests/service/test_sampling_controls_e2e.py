@@ -16,7 +16,8 @@ import threading
 import grpc
 import pytest
 
-from e2e_support import SERVER, run_concurrently, start_server, wait_idle
+from e2e_support import (SERVER, run_concurrently, start_server, wait_idle,
+                         with_sampling_controls)
 
 PROMPT = [1, 403, 407, 261, 378, 436, 259, 280, 424]
 
@@ -32,15 +33,7 @@ def srv(pb):
 
 def controlled(client, seed, **controls):
     r = client.request(ids=PROMPT, max_new_tokens=20, temperature=0.9, seed=seed)
-    for name, value in controls.items():
-        if name == "logit_bias":
-            for token, bias in value.items():
-                r.sampling.logit_bias[token] = bias
-        elif name == "stop_token_ids":
-            r.sampling.stop_token_ids.extend(value)
-        else:
-            setattr(r.sampling, name, value)
-    return r
+    return with_sampling_controls(r, controls)
 
 
 CONTROLS = [
