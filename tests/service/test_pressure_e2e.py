@@ -100,7 +100,10 @@ def test_overload_is_refused_fast_and_admitted_work_completes(tiny_queue):
     refused = [r for r in results if r.code is not None]
     # At most 2 running + 4 waiting at any moment: most of 48 must be refused.
     assert len(refused) >= n // 2, [r.code for r in results]
-    assert len(ok) >= 6
+    # At least the queue's 4: the 2 free slots count as waiting until the
+    # loop's next step admits them, which a loaded machine may not reach
+    # before the burst is over.
+    assert len(ok) >= 4
     for req, res in zip(reqs, results):
         if res.code is None:
             assert res.ids == solo[req.prompt].ids
