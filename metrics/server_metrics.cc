@@ -179,7 +179,7 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry, con
     RequestsWithStatus(status);
   }
   for (const char* reason :
-       {"invalid", "too_long", "queue_full", "queue_timeout", "tenant_limit"}) {
+       {"invalid", "too_long", "queue_full", "queue_timeout", "unauthenticated", "tenant_limit"}) {
     rejected_total_.Add({{"reason", reason}});
   }
 }

@@ -204,6 +204,7 @@ void GeneratorService::PrepareAndSubmit(GenerateReactor* reactor,
   } else if (status = ParseRequest(raw, &request); status.ok()) {
     reactor->set_request_id(request.request_id());
     absl::StatusOr<Tenants::Caller> caller = Authenticate(context);
+    if (!caller.ok()) rejection = "unauthenticated";
     absl::StatusOr<batcher::GenerationRequest> prepared =
         caller.ok() ? Prepare(context, request, arrival, &rejection) : caller.status();
     if (prepared.ok() && options_.tenants != nullptr) {

@@ -74,6 +74,7 @@ def test_no_key_or_a_wrong_one_is_unauthenticated_but_health_is_open(srv):
                 call()
             assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
     srv.metadata = None
+    assert srv.metrics().get("coalesce_requests_rejected_total", reason="unauthenticated") == 3
     assert srv.health() == srv.pb.health.HealthCheckResponse.SERVING
     assert srv.health("coalesce.v1.Generator") == srv.pb.health.HealthCheckResponse.SERVING
     assert "coalesce.v1.Generator" in srv.list_services()  # reflection too
@@ -162,7 +163,8 @@ def test_a_priority_above_the_tenant_s_maximum_is_capped(pb, keys_file):
     """One slot: a long request holds it while `other` (priority 0) and then
     alpha (asking 10, capped to 0) wait; first come, first served admits
     `other` first. Uncapped, alpha's 10 would go first."""
-    server = Server(["--api_keys_file=" + keys_file, "--batch_window=0", "--max_batch_size=1"])
+    server = Server(["--api_keys_file=" + keys_file, "--batch_window=0", "--max_batch_size=1",
+                     "--kv_cache_memory=64MiB"])
     try:
         results, order = {}, []
         lock = threading.Lock()
