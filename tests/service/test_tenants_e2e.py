@@ -18,7 +18,8 @@ import time
 import grpc
 import pytest
 
-from e2e_support import Client, Server, wait_for
+from coalesce_harness import read_metrics_text
+from e2e_support import Client, Server, parse_metrics, wait_for
 
 PROMPT = [1, 403, 407, 261]
 KEYS = {"alpha": "alpha-key-9a1b2c", "beta": "beta-key-3d4e5f", "gamma": "gamma-key-6a7b8c",
@@ -161,42 +162,42 @@ def test_no_key_reaches_the_log(srv):
 
 def test_a_priority_above_the_tenant_s_maximum_is_capped(pb, keys_file):
     """One slot: a long request holds it while `other` (priority 0) and then
-    alpha (asking 10, capped to 0) wait; first come, first served admits
-    `other` first. Uncapped, alpha's 10 would go first."""
-    server = Server(["--api_keys_file=" + keys_file, "--batch_window=0", "--max_batch_size=1",
-                     "--kv_cache_memory=64MiB"])
+    alpha (asking 10, capped to 0) wait, each for 40 tokens; first come,
+    first served admits `other` first, and alpha only once it has finished.
+    Uncapped, alpha's 10 would go first. Order by each call's first token
+    (a client may take longer to read a long stream than the server takes
+    to run the next one)."""
+    # synthetic:15m: slow enough that the holder outlasts the two arrivals.
+    server = Server(["--api_keys_file=" + keys_file, "--batch_window=0", "--max_batch_size=1"],
+                    model_flags=["--model=synthetic:15m"])
     try:
-        results, order = {}, []
-        lock = threading.Lock()
+        first_token, results = {}, {}
+
+        def gauge(name):
+            m = parse_metrics(read_metrics_text(server.metrics_port))
+            return sum(v for (n, _), v in m.items() if n == name)
 
         def run(name, tokens, priority):
             c = as_tenant(Client(server).bind(pb), name)
             r = c.request(ids=PROMPT, max_new_tokens=tokens, priority=priority)
             r.sampling.ignore_eos = True
-            results[name] = c.generate(r)
-            with lock:
-                order.append(name)
+            start = time.monotonic()
+            results[name] = res = c.generate(r)
+            if res.times:
+                first_token[name] = start + res.times[0]
             c.close()
-
-        def gauge(name):
-            return sum(v for (n, _), v in server_metrics().items() if n == name)
-
-        def server_metrics():
-            from e2e_support import parse_metrics
-            from coalesce_harness import read_metrics_text
-            return parse_metrics(read_metrics_text(server.metrics_port))
 
         holder = threading.Thread(target=run, args=("beta", 500, 0))
         holder.start()
         assert wait_for(lambda: gauge("coalesce_requests_running") == 1, 30)
-        first = threading.Thread(target=run, args=("other", 4, 0))
+        first = threading.Thread(target=run, args=("other", 40, 0))
         first.start()
         assert wait_for(lambda: gauge("coalesce_requests_waiting") == 1, 30)
-        second = threading.Thread(target=run, args=("alpha", 4, 10))
+        second = threading.Thread(target=run, args=("alpha", 40, 10))
         second.start()
         for t in (holder, first, second):
             t.join()
         assert all(r.code is None for r in results.values()), results
-        assert order == ["beta", "other", "alpha"], order
+        assert first_token["beta"] < first_token["other"] < first_token["alpha"], first_token
     finally:
         server.kill()
