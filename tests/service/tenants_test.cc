@@ -3,10 +3,13 @@
 // token limits on a fake clock, and re-reading the file when it changes.
 #include "service/tenants.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -93,7 +96,10 @@ class TenantsFileTest : public ::testing::Test {
   }
   void TearDown() override { std::remove(path_.c_str()); }
 
-  std::string path_ = ::testing::TempDir() + "/tenants_test.json";
+  // Each test its own file: ctest runs the tests of this binary in parallel.
+  std::string path_ = absl::StrCat(::testing::TempDir(), "/tenants_test_",
+                                   ::testing::UnitTest::GetInstance()->current_test_info()->name(),
+                                   "_", getpid(), ".json");
   FakeClock clock_{absl::FromUnixSeconds(1000)};
 };
 
@@ -101,6 +107,7 @@ TEST_F(TenantsFileTest, AuthenticatesByBearerKeyOrCertificateSubject) {
   Write(File(TenantA(R"(, "max_priority": 2, "weight": 3)") + R"(, {"name": "b", "key_sha256": ")" +
              Sha256Hex(kKeyB) + R"(", "client_cert_subject": "CN=b"})"));
   auto t = Load();
+  ASSERT_NE(t, nullptr);
   absl::StatusOr<Tenants::Caller> c = t->Authenticate("Bearer " + kKeyA, "");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->name, "a");
@@ -128,6 +135,7 @@ TEST_F(TenantsFileTest, AuthenticatesByBearerKeyOrCertificateSubject) {
 TEST_F(TenantsFileTest, StreamsAreLimitedAndFreedWhenTheyEnd) {
   Write(File(TenantA(R"(, "max_streams": 2)")));
   auto t = Load();
+  ASSERT_NE(t, nullptr);
   absl::Duration retry;
   auto s1 = t->Open("a", &retry);
   auto s2 = t->Open("a", &retry);
@@ -143,6 +151,7 @@ TEST_F(TenantsFileTest, StreamsAreLimitedAndFreedWhenTheyEnd) {
 TEST_F(TenantsFileTest, TheTokenBudgetRefillsOverTheMinute) {
   Write(File(TenantA(R"(, "tokens_per_minute": 600)")));
   auto t = Load();
+  ASSERT_NE(t, nullptr);
   absl::Duration retry;
   {
     auto s = t->Open("a", &retry);
@@ -171,6 +180,7 @@ TEST_F(TenantsFileTest, TheTokenBudgetRefillsOverTheMinute) {
 TEST_F(TenantsFileTest, AChangedFileIsReadAgainAndABadOneKeepsTheOld) {
   Write(File(TenantA(R"(, "max_streams": 1)")));
   auto t = Load();
+  ASSERT_NE(t, nullptr);
   absl::Duration retry;
   auto held = t->Open("a", &retry);
   ASSERT_TRUE(held.ok());
