@@ -5,14 +5,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/log.h"
+#include "common/read_file.h"
 #include "nlohmann/json.hpp"
 
 namespace coalesce::service {
@@ -152,17 +151,9 @@ absl::Status Tenants::Reload(bool force) {
                         static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec,
                         static_cast<int64_t>(st.st_ino)};
   if (!force && stamp == stamp_) return absl::OkStatus();
-  if (st.st_size > static_cast<off_t>(kMaxFileBytes)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--api_keys_file=", path_, ": over ", kMaxFileBytes, " bytes"));
-  }
-  std::ifstream in(path_, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat("--api_keys_file=", path_, ": cannot read it"));
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<std::vector<TenantConfig>> parsed = ParseTenants(text.str());
+  absl::StatusOr<std::string> text = ReadFile(path_, "--api_keys_file", kMaxFileBytes);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<std::vector<TenantConfig>> parsed = ParseTenants(*text);
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--api_keys_file=", path_, ": ", parsed.status().message()));

@@ -7,11 +7,10 @@
 #include <openssl/x509.h>
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/read_file.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
@@ -21,13 +20,11 @@ namespace {
 
 // A PEM file's text, or an error naming the flag.
 absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(flag, "=", path, ": cannot read it"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (text.str().empty())
+  absl::StatusOr<std::string> text = ReadFile(path, flag);
+  if (text.ok() && text->empty()) {
     return absl::InvalidArgumentError(absl::StrCat(flag, "=", path, ": empty"));
-  return text.str();
+  }
+  return text;
 }
 
 struct BioDeleter {

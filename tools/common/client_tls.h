@@ -3,13 +3,12 @@
 // in each (--tls_ca_file, --tls_cert_file, --tls_key_file).
 #pragma once
 
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/read_file.h"
 #include "grpcpp/security/credentials.h"
 
 namespace coalesce::tools {
@@ -33,11 +32,7 @@ inline absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredenti
   }
   auto read = [](const std::string& path, const char* flag) -> absl::StatusOr<std::string> {
     if (path.empty()) return std::string();
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return absl::InvalidArgumentError(absl::StrCat(flag, "=", path, ": cannot read it"));
-    std::ostringstream text;
-    text << in.rdbuf();
-    return text.str();
+    return ReadFile(path, flag);
   };
   grpc::SslCredentialsOptions options;
   absl::StatusOr<std::string> ca = read(tls.ca_file, "--tls_ca_file");
