@@ -83,6 +83,7 @@ struct EngineLoop::Sequence {
   const GenerationRequest request;
   const std::shared_ptr<OutputSink> sink;
   const int index;  // the sample
+  int tenant = 0;   // EngineLoop::tenant_weights_'s index
   engine::Rng rng;
   int samples = 1;               // > 1: the request before its fork (see above)
   std::shared_ptr<Group> group;  // after a fork; null for a single sample
@@ -340,7 +341,10 @@ bool EngineLoop::Tick() {
     stopping = stopping_;
     device_lost = device_lost_;
   }
-  for (auto& seq : arrivals) waiting_.push_back(std::move(seq));
+  for (auto& seq : arrivals) {
+    seq->tenant = TenantIndex(seq->request.tenant, seq->request.tenant_weight);
+    waiting_.push_back(std::move(seq));
+  }
   ApplyCancels(std::move(cancels));
   if (stopping) {
     EndAllCancelled();
@@ -438,10 +442,14 @@ Decision EngineLoop::ScheduleAndAdmit(absl::Time now) {
                     &shared);
     }
     waiting.push_back({seq->id, seq->request.arrival, seq->BlocksToAdmit(block_size_) - shared,
-                       seq->request.priority, seq->request.deadline, seq->preempted, seq->samples});
+                       seq->request.priority, seq->request.deadline, seq->preempted, seq->samples,
+                       seq->tenant});
   }
-  const QueueState state{waiting, static_cast<int>(running_.size()),
-                         std::max(0, blocks_.num_available() - imminent)};
+  const std::vector<RunningEntry> running = RunningEntries();
+  int slots = 0;
+  for (const RunningEntry& e : running) slots += e.slots;
+  const QueueState state{waiting, slots, std::max(0, blocks_.num_available() - imminent),
+                         tenant_weights_, running};
   Decision decision = scheduler_.Schedule(state, now);
   reconsider_at_ = decision.reconsider_at;
   decision_left_engine_empty_ = running_.empty() && decision.admit.empty();
@@ -464,6 +472,12 @@ Decision EngineLoop::ScheduleAndAdmit(absl::Time now) {
                                 "): the server is overloaded; retry after a short pause")));
     }
   }
+  // Fairness preemptions first: the admissions take their room.
+  for (const int index : decision.preempt) {
+    if (observer_ != nullptr) observer_->OnPreemptedForFairness(running_[index]->request.tenant);
+    Preempt(running_[index], /*for_fairness=*/true);
+  }
+  std::erase(running_, nullptr);
   int admitted = 0;
   for (const int index : decision.admit) {
     // The scheduler admitted it only if its blocks were available, by an
@@ -567,6 +581,7 @@ void EngineLoop::Fork(Sequence& parent) {
     child->prompt_scored = parent.prompt_scored;
     child->prompt_logprobs_sent = true;
     child->group = parent.group;
+    child->tenant = parent.tenant;
     child->shares_blocks = true;
     child->end_tokens = parent.end_tokens;
     child->text.emplace(*tokenizer_, child->tokens.back(), child->request.stop);
@@ -591,7 +606,35 @@ void EngineLoop::Fork(Sequence& parent) {
                   std::make_move_iterator(children.end()));
 }
 
-void EngineLoop::Preempt(std::unique_ptr<Sequence>& slot) {
+std::vector<RunningEntry> EngineLoop::RunningEntries() const {
+  std::vector<RunningEntry> entries;
+  entries.reserve(running_.size());
+  for (const auto& seq : running_) {
+    entries.push_back({seq->tenant, seq->request.priority, seq->samples, BlocksReleased(*seq)});
+  }
+  return entries;
+}
+
+int EngineLoop::BlocksReleased(const Sequence& seq) const {
+  // Without caching or samples no block is shared: all of them.
+  int released = static_cast<int>(seq.reserve.size());
+  for (const int32_t id : seq.blocks) {
+    released += (!options_.prefix_caching && !seq.shares_blocks) || blocks_.refs(id) == 1 ? 1 : 0;
+  }
+  return released;
+}
+
+int EngineLoop::TenantIndex(const std::string& tenant, double weight) {
+  auto [it, added] = tenant_ids_.try_emplace(tenant, static_cast<int>(tenant_weights_.size()));
+  if (added) {
+    tenant_weights_.push_back(weight);
+  } else {
+    tenant_weights_[it->second] = weight;
+  }
+  return it->second;
+}
+
+void EngineLoop::Preempt(std::unique_ptr<Sequence>& slot, bool for_fairness) {
   Sequence& seq = *slot;
   // Everything it has, prompt and generated tokens, is recomputed on
   // resumption; its sampler and text state carry on, so its output is the
@@ -602,23 +645,31 @@ void EngineLoop::Preempt(std::unique_ptr<Sequence>& slot) {
   seq.prefill_end = static_cast<int>(seq.tokens.size());
   seq.preempted = true;
   waiting_.push_back(std::move(slot));
-  if (observer_ != nullptr) observer_->OnPreempted();
+  if (observer_ != nullptr && !for_fairness) observer_->OnPreempted();
 }
 
 void EngineLoop::RunStep(StepStats& stats, int& preempted) {
   // 4. Plan: preemptions, then the chunk of every sequence in the step.
   plan_input_.clear();
+  // With several tenants, those over their share are preempted first.
+  std::optional<TenantShares> shares;
+  if (tenant_weights_.size() > 1) {
+    std::vector<WaitingRequest> waiting(waiting_.size());
+    for (size_t i = 0; i < waiting_.size(); ++i) waiting[i].tenant = waiting_[i]->tenant;
+    const std::vector<RunningEntry> running = RunningEntries();
+    QueueState state;
+    state.waiting = waiting;
+    state.tenant_weights = tenant_weights_;
+    state.running_seqs = running;
+    shares = scheduler_.Shares(state);
+  }
   for (const auto& seq : running_) {
-    // Without caching or samples no block is shared: all of them (-1).
     const int held = static_cast<int>(seq->blocks.size() + seq->reserve.size());
-    int released = -1;
-    if (options_.prefix_caching || seq->shares_blocks) {
-      released = static_cast<int>(seq->reserve.size());
-      for (const int32_t id : seq->blocks) released += blocks_.refs(id) == 1 ? 1 : 0;
-    }
+    const bool over_share =
+        shares.has_value() && shares->running[seq->tenant] > shares->share[seq->tenant];
     plan_input_.push_back({seq->num_cached, seq->pending(), seq->prefilling(), held,
-                           seq->request.priority, released,
-                           seq->scoring_prompt() ? options_.max_scored_chunk : 0});
+                           seq->request.priority, BlocksReleased(*seq),
+                           seq->scoring_prompt() ? options_.max_scored_chunk : 0, over_share});
   }
   const StepPlan plan =
       PlanStep(plan_input_, blocks_.num_available(), block_size_, options_.max_batch_tokens);

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "batcher/block_pool.h"
@@ -178,8 +179,16 @@ class EngineLoop {
   // becomes sample 0 and the others join running_ after it (see Sequence).
   void Fork(Sequence& parent);
   // Sends a running sequence back to the queue, leaving `slot` empty (the
-  // caller closes the hole in running_).
-  void Preempt(std::unique_ptr<Sequence>& slot);
+  // caller closes the hole in running_): for KV blocks, or to make room for
+  // a tenant below its share.
+  void Preempt(std::unique_ptr<Sequence>& slot, bool for_fairness = false);
+  // The running sequences as the scheduler sees them, in admission order.
+  std::vector<RunningEntry> RunningEntries() const;
+  // KV blocks that preempting `seq` makes available (those nobody else
+  // holds).
+  int BlocksReleased(const Sequence& seq) const;
+  // The index of `tenant` in tenant_weights_, whose weight becomes `weight`.
+  int TenantIndex(const std::string& tenant, double weight);
   // Takes the sequence's cached prefix and new blocks for the rest of its
   // tokens; false (nothing taken) when they are not available.
   bool TakeBlocks(Sequence& seq);
@@ -253,6 +262,9 @@ class EngineLoop {
     std::vector<int32_t> blocks;
   };
   std::vector<PaddingRow> padding_;
+  // Tenants by name, and their weights by index (0: requests without one).
+  absl::flat_hash_map<std::string, int> tenant_ids_;
+  std::vector<double> tenant_weights_;
   std::optional<absl::Time> reconsider_at_;   // from the last decision
   bool decision_left_engine_empty_ = false;   // nobody ran, and it admitted nobody
   HoldReason last_hold_ = HoldReason::kNone;  // of the last decision, taken at...

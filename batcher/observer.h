@@ -57,6 +57,9 @@ class LoopObserver {
   virtual void OnRejected(std::string_view reason) {}
   // A running sequence gave back its KV blocks, to be recomputed later.
   virtual void OnPreempted() {}
+  // A running sequence of `tenant` was sent back to the queue to make room
+  // for a tenant below its share of the batch (scheduler.h).
+  virtual void OnPreemptedForFairness(std::string_view tenant) {}
   // A new request (not a resumed one) looked its `prompt_tokens` up in the
   // prefix cache and found the KV of the first `cached_tokens` of them.
   virtual void OnPrefixCacheLookup(int prompt_tokens, int cached_tokens) {}
@@ -99,6 +102,9 @@ class ForwardingObserver : public LoopObserver {
   }
   void OnPreempted() override {
     if (next_ != nullptr) next_->OnPreempted();
+  }
+  void OnPreemptedForFairness(std::string_view tenant) override {
+    if (next_ != nullptr) next_->OnPreemptedForFairness(tenant);
   }
   void OnPrefixCacheLookup(int prompt_tokens, int cached_tokens) override {
     if (next_ != nullptr) next_->OnPrefixCacheLookup(prompt_tokens, cached_tokens);

@@ -14,8 +14,11 @@
 namespace coalesce::batcher {
 
 struct GenerationRequest {
-  std::string request_id;       // the caller's, for logs
-  std::string tenant;           // who sent it (--api_keys_file); empty: nobody named
+  std::string request_id;  // the caller's, for logs
+  std::string tenant;      // who sent it (--api_keys_file); empty: nobody named
+  // The tenant's share of the batch relative to the others' (scheduler.h,
+  // fairness); the latest request of a tenant sets it.
+  double tenant_weight = 1.0;
   std::vector<int32_t> prompt;  // token ids, BOS included if wanted
   int max_new_tokens = 16;
   engine::SamplingParams sampling;

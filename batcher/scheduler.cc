@@ -47,6 +47,58 @@ int64_t AgingLevels(absl::Duration waited, absl::Duration interval) {
 }
 }  // namespace
 
+namespace {
+// Loads (slots per weight) are compared with this much slack, so that
+// rounding cannot decide.
+constexpr double kLoadSlack = 1e-9;
+
+double WeightOf(const QueueState& state, int tenant) {
+  if (state.tenant_weights.empty()) return 1.0;
+  return std::max(state.tenant_weights[tenant], 1e-6);
+}
+
+// A tenant index out of range counts as tenant 0's.
+template <typename T>
+int TenantOf(const T& item, int tenants) {
+  return item.tenant >= 0 && item.tenant < tenants ? item.tenant : 0;
+}
+
+bool ArrivedFirst(const WaitingRequest& a, const WaitingRequest& b) {
+  if (a.arrival != b.arrival) return a.arrival < b.arrival;
+  return a.id < b.id;
+}
+
+TenantShares SharesOf(const QueueState& state, std::span<const WaitingRequest* const> waiting,
+                      int max_batch_size) {
+  const int tenants = std::max<int>(1, static_cast<int>(state.tenant_weights.size()));
+  TenantShares shares;
+  shares.share.assign(tenants, 0.0);
+  shares.running.assign(tenants, 0);
+  std::vector<bool> has_work(tenants, false);
+  if (state.running_seqs.empty()) {
+    shares.running[0] = state.running;
+    has_work[0] = state.running > 0;
+  }
+  for (const RunningEntry& e : state.running_seqs) {
+    shares.running[TenantOf(e, tenants)] += e.slots;
+    has_work[TenantOf(e, tenants)] = true;
+  }
+  for (const WaitingRequest* r : waiting) has_work[TenantOf(*r, tenants)] = true;
+  double total = 0;
+  for (int t = 0; t < tenants; ++t) total += has_work[t] ? WeightOf(state, t) : 0.0;
+  for (int t = 0; t < tenants; ++t) {
+    if (has_work[t]) shares.share[t] = max_batch_size * WeightOf(state, t) / total;
+  }
+  return shares;
+}
+}  // namespace
+
+TenantShares Scheduler::Shares(const QueueState& state) const {
+  std::vector<const WaitingRequest*> waiting;
+  for (const WaitingRequest& r : state.waiting) waiting.push_back(&r);
+  return SharesOf(state, waiting, config_.max_batch_size);
+}
+
 int Scheduler::EffectivePriority(const WaitingRequest& request, absl::Time now) const {
   if (!AgingEnabled(config_)) return request.priority;
   const int64_t levels = AgingLevels(now - request.arrival, config_.priority_aging);
@@ -101,8 +153,10 @@ Decision Scheduler::Schedule(const QueueState& state, absl::Time now) const {
     decision.hold = HoldReason::kStaticBatchRunning;
     return decision;
   }
+  const bool fair_preemption =
+      config_.mode == BatchingMode::kContinuous && !state.running_seqs.empty();
   const int free_slots = config_.max_batch_size - state.running;
-  if (free_slots <= 0) {
+  if (free_slots <= 0 && !fair_preemption) {
     decision.hold = HoldReason::kNoFreeSlot;
     return decision;
   }
@@ -122,20 +176,93 @@ Decision Scheduler::Schedule(const QueueState& state, absl::Time now) const {
     return decision;
   }
 
-  // 5. Admit in order while slots and KV blocks last.
+  // 5. Admit while slots and KV blocks last, tenant by tenant, in order
+  //    within each; stop at the first request that does not fit, unless
+  //    preempting for fairness makes room for it.
+  TenantShares shares = SharesOf(state, line, config_.max_batch_size);
+  const int tenants = static_cast<int>(shares.share.size());
+  std::vector<std::vector<const WaitingRequest*>> queues(tenants);
+  for (const auto& [priority, request] : order)
+    queues[TenantOf(*request, tenants)].push_back(request);
+  std::vector<size_t> next(tenants, 0);
+  std::vector<int>& running = shares.running;  // and admitted by this decision
+  std::vector<bool> gone(state.running_seqs.size(), false);
   int blocks_left = state.free_blocks;
   int slots_left = free_slots;
-  for (const auto& [priority, request] : order) {
-    if (request->slots > slots_left) {
-      decision.hold = HoldReason::kNoFreeSlot;
-      break;
+
+  // Preempts for `request` of tenant `t` (see the top of scheduler.h);
+  // false, and nothing preempted, when it cannot make room.
+  auto preempt_for = [&](const WaitingRequest& request, int t) {
+    if (!fair_preemption) return false;
+    const double claimant = (running[t] + request.slots) / WeightOf(state, t);
+    std::vector<int> after = running;
+    std::vector<int> victims;
+    int slots = slots_left;
+    int blocks = blocks_left;
+    while (request.slots > slots || request.blocks_needed > blocks) {
+      int victim = -1;
+      double victim_load = 0;
+      for (int i = 0; i < static_cast<int>(state.running_seqs.size()); ++i) {
+        const RunningEntry& e = state.running_seqs[i];
+        const int v = TenantOf(e, tenants);
+        if (gone[i] || v == t) continue;
+        if (std::find(victims.begin(), victims.end(), i) != victims.end()) continue;
+        // The victim's tenant must keep at least the claimant's load.
+        if ((after[v] - e.slots) / WeightOf(state, v) < claimant - kLoadSlack) continue;
+        const double load = after[v] / WeightOf(state, v);
+        // The most loaded tenant, its lowest priority, its latest admitted.
+        if (victim < 0 || load > victim_load ||
+            (load == victim_load && e.priority <= state.running_seqs[victim].priority)) {
+          victim = i;
+          victim_load = load;
+        }
+      }
+      if (victim < 0) return false;
+      const RunningEntry& e = state.running_seqs[victim];
+      victims.push_back(victim);
+      after[TenantOf(e, tenants)] -= e.slots;
+      slots += e.slots;
+      blocks += e.blocks_released;
     }
-    if (request->blocks_needed > blocks_left) {
-      decision.hold = HoldReason::kNoFreeBlocks;
-      break;
+    for (const int i : victims) {
+      gone[i] = true;
+      decision.preempt.push_back(i);
+    }
+    running = std::move(after);
+    slots_left = slots;
+    blocks_left = blocks;
+    return true;
+  };
+
+  while (true) {
+    // The tenant that runs the fewest slots per weight with its next
+    // request (ties: the older request). If it cannot claim room by
+    // preemption, no tenant can: a victim good for another is good for it.
+    int pick = -1;
+    double pick_load = 0;
+    for (int t = 0; t < tenants; ++t) {
+      if (next[t] >= queues[t].size()) continue;
+      const double load = (running[t] + queues[t][next[t]]->slots) / WeightOf(state, t);
+      if (pick < 0 || load < pick_load ||
+          (load == pick_load && ArrivedFirst(*queues[t][next[t]], *queues[pick][next[pick]]))) {
+        pick = t;
+        pick_load = load;
+      }
+    }
+    if (pick < 0) break;
+    const WaitingRequest* request = queues[pick][next[pick]];
+    if (request->slots > slots_left || request->blocks_needed > blocks_left) {
+      const HoldReason reason =
+          request->slots > slots_left ? HoldReason::kNoFreeSlot : HoldReason::kNoFreeBlocks;
+      if (!preempt_for(*request, pick)) {
+        decision.hold = reason;
+        break;
+      }
     }
     slots_left -= request->slots;
     blocks_left -= request->blocks_needed;
+    running[pick] += request->slots;
+    ++next[pick];
     decision.admit.push_back(position(request));
   }
   return decision;

@@ -31,6 +31,29 @@
 //   first request that does not fit (no overtaking, so a large request
 //   cannot starve).
 //
+// Tenants (fairness). Every waiting request and running sequence belongs to
+// a tenant (QueueState::tenant_weights; without tenants, all to tenant 0).
+// Admission shares the batch's slots between the tenants with work (waiting
+// or running) in proportion to their weights: a tenant's share is
+//   share = max_batch_size x weight / (sum of the weights of tenants with work)
+// Each running sequence produces one token per step, so this shares the
+// generated tokens, step by step, in the same proportion. Admission takes
+// the next request from the tenant that, with it, would run the fewest slots
+// per weight (ties: the older request); within a tenant, the order above
+// (priority, then arrival). Nothing is reserved: a tenant without waiting
+// work has no share, so the others use the whole batch (work-conserving).
+// When a tenant's next request does not fit (no free slot, or not enough
+// free KV blocks), running sequences of other tenants are preempted for it,
+// but only of tenants that, without them, still run at least as many slots
+// per weight as the claimant would with the request: from the tenant with
+// the most slots per weight, its lowest priority and most recently admitted
+// first (Decision::preempt). So a tenant that runs less than its share gets
+// its slots within a step, while one at its share takes nothing, and no two
+// tenants can preempt each other back and forth: after the exchange the
+// claimant still runs no more per weight than the victim. A preempted
+// sequence resumes later by recomputation, as after a KV preemption
+// (step_planner.h). Only continuous batching preempts.
+//
 // Static batching (for comparison): the same rule, but only while nothing
 // runs; a batch runs until all of its sequences finish. kStaticPadded is the
 // classic form (a fixed-shape batch, as servers without iteration-level
@@ -74,12 +97,34 @@ struct WaitingRequest {
   absl::Time deadline = absl::InfiniteFuture();
   bool preempted = false;  // admitted before: exempt from max_queue_wait
   int slots = 1;           // batch slots it takes: its samples (GenerationRequest::n)
+  int tenant = 0;          // index into QueueState::tenant_weights
+};
+
+// A running sequence, as fairness preemption sees it.
+struct RunningEntry {
+  int tenant = 0;
+  int priority = 0;
+  int slots = 1;            // a request before its samples part takes one per sample
+  int blocks_released = 0;  // KV blocks that preempting it makes available
 };
 
 struct QueueState {
   std::span<const WaitingRequest> waiting;  // any order
-  int running = 0;                          // sequences in the batch now
+  int running = 0;                          // batch slots taken now
   int free_blocks = 0;                      // KV-cache blocks not held
+  // Each tenant's weight (> 0), by index; empty: one tenant, 0.
+  std::span<const double> tenant_weights;
+  // The running sequences, in admission order, their slots adding up to
+  // `running`. Empty: the running slots are all tenant 0's and nothing is
+  // preempted for fairness.
+  std::span<const RunningEntry> running_seqs;
+};
+
+// Each tenant's fair share of the batch's slots (see the top of this file),
+// 0 for a tenant without work, and the slots it runs now.
+struct TenantShares {
+  std::vector<double> share;
+  std::vector<int> running;
 };
 
 // Why waiting requests were not (all) admitted; for logs and tests.
@@ -105,6 +150,9 @@ struct Expired {
 struct Decision {
   std::vector<Expired> expired;  // leave the queue now, with an error
   std::vector<int> admit;        // join the batch now, in this order
+  // Positions in QueueState::running_seqs to send back to the queue before
+  // the admissions, to make room for a tenant below its share.
+  std::vector<int> preempt;
   HoldReason hold = HoldReason::kNone;
   // Set when the decision can change by the passage of time alone (the
   // window ends, a deadline or queue timeout falls due, aging reorders):
@@ -120,6 +168,9 @@ class Scheduler {
 
   // `request`'s priority after waiting until `now`.
   int EffectivePriority(const WaitingRequest& request, absl::Time now) const;
+
+  // The shares of the tenants in `state` (waiting and running work only).
+  TenantShares Shares(const QueueState& state) const;
 
  private:
   SchedulerConfig config_;

@@ -25,11 +25,18 @@ StepPlan PlanStep(std::span<const RunningSequence> running, int free_blocks, int
     return n;
   };
   while (blocks_wanted() > free_blocks) {
-    // Victim: lowest priority, then most recently admitted (latest in order).
+    // Victim: one of a tenant over its share first, then the lowest
+    // priority, then the most recently admitted (latest in order).
     int victim = -1;
     for (int i = static_cast<int>(running.size()) - 1; i >= 0; --i) {
       if (preempted[i]) continue;
-      if (victim < 0 || running[i].priority < running[victim].priority) victim = i;
+      const RunningSequence& s = running[i];
+      if (victim < 0) {
+        victim = i;
+        continue;
+      }
+      const RunningSequence& best = running[victim];
+      if (s.over_share != best.over_share ? s.over_share : s.priority < best.priority) victim = i;
     }
     preempted[victim] = true;
     const RunningSequence& v = running[victim];

@@ -6,12 +6,14 @@
 // The rule:
 //   1. Decodes first. Every decoding sequence processes its one new token.
 //      One whose next position starts a new block needs a free block; when
-//      there are not enough, running sequences are preempted, the lowest
-//      priority first and, among equals, the most recently admitted first,
-//      until the remaining decodes fit. A preempted sequence gives back all
-//      its blocks (those it shares with others stay held by them), returns
-//      to the waiting queue, and is later resumed by recomputing its prompt
-//      and what it had generated (less what it finds in the prefix cache).
+//      there are not enough, running sequences are preempted until the
+//      remaining decodes fit: first those of tenants that run more than
+//      their share of the batch (scheduler.h), then the lowest priority and,
+//      among equals, the most recently admitted. A preempted sequence gives
+//      back all its blocks (those it shares with others stay held by them),
+//      returns to the waiting queue, and is later resumed by recomputing its
+//      prompt and what it had generated (less what it finds in the prefix
+//      cache).
 //   2. Prefill fills the rest of `max_batch_tokens`, in admission order. A
 //      prompt longer than what is left is split: its first part runs now, the
 //      rest in later steps, so one huge prompt cannot stall everyone's next
@@ -37,6 +39,8 @@ struct RunningSequence {
   int blocks_released = -1;
   // Most prefill tokens in one step; 0: no limit but the budget.
   int max_chunk = 0;
+  // Its tenant runs more slots than its share (scheduler.h): preempted first.
+  bool over_share = false;
 };
 
 struct StepChunk {

@@ -92,6 +92,12 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry, con
                          .Help("Tokens of the requests that ended, by tenant (--api_keys_file) "
                                "and kind (prompt, generated)")
                          .Register(*registry_)),
+      tenant_preemptions_(prometheus::BuildCounter()
+                              .Name("coalesce_tenant_preemptions_total")
+                              .Help("Running sequences of the tenant sent back to the queue to "
+                                    "make room for a tenant below its share of the batch "
+                                    "(resumed later by recomputation)")
+                              .Register(*registry_)),
       stalled_streams_(NewCounter(*registry_, "coalesce_stalled_streams_total",
                                   "Generate streams ended because their client read nothing "
                                   "for --stream_stall_timeout (counted cancelled)")),
@@ -271,6 +277,10 @@ void ServerMetrics::OnRejected(std::string_view reason) {
 }
 
 void ServerMetrics::OnPreempted() { preemptions_.Increment(); }
+
+void ServerMetrics::OnPreemptedForFairness(std::string_view tenant) {
+  tenant_preemptions_.Add({{"tenant", std::string(tenant)}}).Increment();
+}
 
 void ServerMetrics::OnPrefixCacheLookup(int prompt_tokens, int cached_tokens) {
   prefix_lookup_tokens_.Increment(prompt_tokens);

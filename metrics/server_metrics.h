@@ -50,6 +50,7 @@ class ServerMetrics : public batcher::LoopObserver {
 
   void OnRejected(std::string_view reason) override;
   void OnPreempted() override;
+  void OnPreemptedForFairness(std::string_view tenant) override;
   void OnPrefixCacheLookup(int prompt_tokens, int cached_tokens) override;
 
   // A Generate stream ended because its client stopped reading.
@@ -81,6 +82,8 @@ class ServerMetrics : public batcher::LoopObserver {
   // and kind (prompt, generated). Their labels come from the file.
   prometheus::Family<prometheus::Counter>& tenant_requests_;
   prometheus::Family<prometheus::Counter>& tenant_tokens_;
+  // Sequences preempted to make room for a tenant below its share.
+  prometheus::Family<prometheus::Counter>& tenant_preemptions_;
   prometheus::Counter& stalled_streams_;
   prometheus::Counter& preemptions_;
   prometheus::Family<prometheus::Histogram>& batch_tokens_;

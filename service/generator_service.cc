@@ -222,6 +222,7 @@ void GeneratorService::PrepareAndSubmit(GenerateReactor* reactor,
       }
       reactor->set_tenant_stream(*std::move(stream));
       prepared->tenant = caller->name;
+      prepared->tenant_weight = caller->weight;
       prepared->priority = std::min(prepared->priority, caller->max_priority);
     }
     // The engine loop counts its own rejections.

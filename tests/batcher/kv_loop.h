@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -18,6 +19,9 @@ namespace coalesce::batcher {
 class LookupObserver : public LoopObserver {
  public:
   void OnPreempted() override { ++preemptions; }
+  void OnPreemptedForFairness(std::string_view tenant) override {
+    ++fairness_preemptions[std::string(tenant)];
+  }
   void OnPrefixCacheLookup(int prompt_tokens, int cached_tokens) override {
     ++lookups;
     looked_up += prompt_tokens;
@@ -31,7 +35,8 @@ class LookupObserver : public LoopObserver {
   }
   int preemptions = 0, lookups = 0, looked_up = 0, found = 0;
   int first_tokens = 0, finished = 0, completion_tokens = 0;
-  std::vector<std::string> statuses;  // of the finished requests, in order
+  std::vector<std::string> statuses;                // of the finished requests, in order
+  std::map<std::string, int> fairness_preemptions;  // by the victim's tenant
 };
 
 struct LoopSetup {

@@ -36,6 +36,14 @@ WaitingRequest Req(uint64_t id, double arrival_ms, int blocks = 1) {
   return {id, Ms(arrival_ms), blocks};
 }
 
+QueueState State(std::span<const WaitingRequest> waiting, int running, int free_blocks) {
+  QueueState state;
+  state.waiting = waiting;
+  state.running = running;
+  state.free_blocks = free_blocks;
+  return state;
+}
+
 // A Decision names requests by their position in the queue; the tests read
 // it with each position replaced by the id of the request there.
 struct IdExpired {
@@ -59,7 +67,7 @@ IdDecision Decide(const Scheduler& s, const QueueState& state, absl::Time now) {
 
 TEST(SchedulerTest, NothingWaitingAdmitsNothingAndSetsNoTimer) {
   Scheduler s(Config(4, 10));
-  IdDecision d = Decide(s, {{}, 0, 100}, Ms(0));
+  IdDecision d = Decide(s, State({}, 0, 100), Ms(0));
   EXPECT_THAT(d.admit, IsEmpty());
   EXPECT_EQ(d.hold, HoldReason::kNone);
   EXPECT_FALSE(d.reconsider_at.has_value());
@@ -69,16 +77,16 @@ TEST(SchedulerTest, LoneRequestWaitsExactlyTheWindow) {
   Scheduler s(Config(4, 10));
   std::vector<WaitingRequest> waiting = {Req(1, 0)};
   // t=0: the window opens.
-  IdDecision d = Decide(s, {waiting, 0, 100}, Ms(0));
+  IdDecision d = Decide(s, State(waiting, 0, 100), Ms(0));
   EXPECT_THAT(d.admit, IsEmpty());
   EXPECT_EQ(d.hold, HoldReason::kWindowOpen);
   EXPECT_EQ(d.reconsider_at, Ms(10));
   // t=9.999: still open.
-  d = Decide(s, {waiting, 0, 100}, Ms(9.999));
+  d = Decide(s, State(waiting, 0, 100), Ms(9.999));
   EXPECT_THAT(d.admit, IsEmpty());
   EXPECT_EQ(d.reconsider_at, Ms(10));
   // t=10: closed, admitted.
-  d = Decide(s, {waiting, 0, 100}, Ms(10));
+  d = Decide(s, State(waiting, 0, 100), Ms(10));
   EXPECT_THAT(d.admit, ElementsAre(1));
   EXPECT_EQ(d.hold, HoldReason::kNone);
   EXPECT_FALSE(d.reconsider_at.has_value());
@@ -87,10 +95,10 @@ TEST(SchedulerTest, LoneRequestWaitsExactlyTheWindow) {
 TEST(SchedulerTest, WindowIsMeasuredFromTheOldestArrival) {
   Scheduler s(Config(4, 10));
   std::vector<WaitingRequest> waiting = {Req(1, 0), Req(2, 6)};
-  IdDecision d = Decide(s, {waiting, 0, 100}, Ms(6));
+  IdDecision d = Decide(s, State(waiting, 0, 100), Ms(6));
   EXPECT_THAT(d.admit, IsEmpty());
   EXPECT_EQ(d.reconsider_at, Ms(10));  // not 16
-  d = Decide(s, {waiting, 0, 100}, Ms(10));
+  d = Decide(s, State(waiting, 0, 100), Ms(10));
   EXPECT_THAT(d.admit, ElementsAre(1, 2));  // the later one rides along
 }
 
@@ -98,34 +106,34 @@ TEST(SchedulerTest, FillingTheFreeSlotsClosesTheWindowEarly) {
   Scheduler s(Config(4, 50));
   // Requests 1..3 arrive at 0, 1, 2 ms: the window stays open.
   std::vector<WaitingRequest> waiting = {Req(1, 0), Req(2, 1), Req(3, 2)};
-  EXPECT_THAT(Decide(s, {waiting, 0, 100}, Ms(2)).admit, IsEmpty());
+  EXPECT_THAT(Decide(s, State(waiting, 0, 100), Ms(2)).admit, IsEmpty());
   // Request 4 at 3 ms fills the 4 free slots: all go now, 47 ms early.
   waiting.push_back(Req(4, 3));
-  EXPECT_THAT(Decide(s, {waiting, 0, 100}, Ms(3)).admit, ElementsAre(1, 2, 3, 4));
+  EXPECT_THAT(Decide(s, State(waiting, 0, 100), Ms(3)).admit, ElementsAre(1, 2, 3, 4));
 }
 
 TEST(SchedulerTest, JoiningARunningBatchFillsOnlyTheFreeSlots) {
   Scheduler s(Config(4, 50));
   // 3 running, 1 free slot: one arrival fills it, no window wait.
   std::vector<WaitingRequest> one = {Req(7, 0)};
-  EXPECT_THAT(Decide(s, {one, 3, 100}, Ms(0)).admit, ElementsAre(7));
+  EXPECT_THAT(Decide(s, State(one, 3, 100), Ms(0)).admit, ElementsAre(7));
   // 2 running, 2 free: one arrival waits for a companion or the window.
-  IdDecision d = Decide(s, {one, 2, 100}, Ms(0));
+  IdDecision d = Decide(s, State(one, 2, 100), Ms(0));
   EXPECT_THAT(d.admit, IsEmpty());
   EXPECT_EQ(d.hold, HoldReason::kWindowOpen);
-  EXPECT_THAT(Decide(s, {one, 2, 100}, Ms(50)).admit, ElementsAre(7));
+  EXPECT_THAT(Decide(s, State(one, 2, 100), Ms(50)).admit, ElementsAre(7));
 }
 
 TEST(SchedulerTest, ZeroWindowAdmitsAtOnce) {
   Scheduler s(Config(4, 0));
   std::vector<WaitingRequest> waiting = {Req(1, 0)};
-  EXPECT_THAT(Decide(s, {waiting, 1, 100}, Ms(0)).admit, ElementsAre(1));
+  EXPECT_THAT(Decide(s, State(waiting, 1, 100), Ms(0)).admit, ElementsAre(1));
 }
 
 TEST(SchedulerTest, FullBatchHoldsEveryoneWithoutATimer) {
   Scheduler s(Config(2, 0));
   std::vector<WaitingRequest> waiting = {Req(1, 0)};
-  IdDecision d = Decide(s, {waiting, 2, 100}, Ms(100));
+  IdDecision d = Decide(s, State(waiting, 2, 100), Ms(100));
   EXPECT_THAT(d.admit, IsEmpty());
   EXPECT_EQ(d.hold, HoldReason::kNoFreeSlot);
   // A slot frees only when a sequence leaves, which wakes the loop anyway.
@@ -135,7 +143,7 @@ TEST(SchedulerTest, FullBatchHoldsEveryoneWithoutATimer) {
 TEST(SchedulerTest, MoreArrivalsThanSlotsAdmitsTheOldestInOrder) {
   Scheduler s(Config(3, 10));
   std::vector<WaitingRequest> waiting = {Req(5, 0), Req(6, 1), Req(7, 2), Req(8, 3)};
-  IdDecision d = Decide(s, {waiting, 0, 100}, Ms(3));
+  IdDecision d = Decide(s, State(waiting, 0, 100), Ms(3));
   EXPECT_THAT(d.admit, ElementsAre(5, 6, 7));
   EXPECT_EQ(d.hold, HoldReason::kNoFreeSlot);
 }
@@ -145,7 +153,7 @@ TEST(SchedulerTest, KvBlocksLimitAdmissionWithoutOvertaking) {
   // 10 free blocks: request 1 (4) fits, request 2 (8) does not; request 3
   // (1) would fit but must not overtake request 2.
   std::vector<WaitingRequest> waiting = {Req(1, 0, 4), Req(2, 1, 8), Req(3, 2, 1)};
-  IdDecision d = Decide(s, {waiting, 0, 10}, Ms(5));
+  IdDecision d = Decide(s, State(waiting, 0, 10), Ms(5));
   EXPECT_THAT(d.admit, ElementsAre(1));
   EXPECT_EQ(d.hold, HoldReason::kNoFreeBlocks);
 }
@@ -157,17 +165,17 @@ TEST(SchedulerTest, SamplesTakeASlotEachAndCloseTheWindowByTheirSlots) {
   three.slots = 3;
   // Three slots of four wanted: the window stays open; a fourth closes it.
   std::vector<WaitingRequest> waiting = {three};
-  IdDecision d = Decide(s, {waiting, 0, 100}, Ms(1));
+  IdDecision d = Decide(s, State(waiting, 0, 100), Ms(1));
   EXPECT_THAT(d.admit, IsEmpty());
   EXPECT_EQ(d.hold, HoldReason::kWindowOpen);
   waiting.push_back(Req(2, 1));
-  EXPECT_THAT(Decide(s, {waiting, 0, 100}, Ms(1)).admit, ElementsAre(1, 2));
+  EXPECT_THAT(Decide(s, State(waiting, 0, 100), Ms(1)).admit, ElementsAre(1, 2));
   // With two running only two slots are free: the three samples wait, and
   // the single request behind them does not overtake.
-  d = Decide(s, {waiting, 2, 100}, Ms(60));
+  d = Decide(s, State(waiting, 2, 100), Ms(60));
   EXPECT_THAT(d.admit, IsEmpty());
   EXPECT_EQ(d.hold, HoldReason::kNoFreeSlot);
-  d = Decide(s, {waiting, 1, 100}, Ms(60));
+  d = Decide(s, State(waiting, 1, 100), Ms(60));
   EXPECT_THAT(d.admit, ElementsAre(1));
   EXPECT_EQ(d.hold, HoldReason::kNoFreeSlot);
 }
@@ -176,14 +184,14 @@ TEST(SchedulerTest, StaticBatchingWaitsForTheWholeBatchToFinish) {
   Scheduler s(Config(4, 10, BatchingMode::kStatic));
   std::vector<WaitingRequest> waiting = {Req(1, 0)};
   // One sequence still runs: a static batch admits nobody, even with room.
-  IdDecision d = Decide(s, {waiting, 1, 100}, Ms(500));
+  IdDecision d = Decide(s, State(waiting, 1, 100), Ms(500));
   EXPECT_THAT(d.admit, IsEmpty());
   EXPECT_EQ(d.hold, HoldReason::kStaticBatchRunning);
   // Empty engine: the window rule applies to the new batch.
-  d = Decide(s, {waiting, 0, 100}, Ms(5));
+  d = Decide(s, State(waiting, 0, 100), Ms(5));
   EXPECT_THAT(d.admit, IsEmpty());
   EXPECT_EQ(d.reconsider_at, Ms(10));
-  EXPECT_THAT(Decide(s, {waiting, 0, 100}, Ms(10)).admit, ElementsAre(1));
+  EXPECT_THAT(Decide(s, State(waiting, 0, 100), Ms(10)).admit, ElementsAre(1));
 }
 
 TEST(SchedulerTest, HigherPriorityGoesFirstThenArrival) {
@@ -191,8 +199,8 @@ TEST(SchedulerTest, HigherPriorityGoesFirstThenArrival) {
   std::vector<WaitingRequest> waiting = {Req(1, 0), Req(2, 1), Req(3, 2), Req(4, 3)};
   waiting[2].priority = 5;
   waiting[3].priority = 5;
-  EXPECT_THAT(Decide(s, {waiting, 0, 100}, Ms(3)).admit, ElementsAre(3, 4));
-  EXPECT_THAT(Decide(s, {waiting, 1, 100}, Ms(3)).admit, ElementsAre(3));
+  EXPECT_THAT(Decide(s, State(waiting, 0, 100), Ms(3)).admit, ElementsAre(3, 4));
+  EXPECT_THAT(Decide(s, State(waiting, 1, 100), Ms(3)).admit, ElementsAre(3));
 }
 
 TEST(SchedulerTest, AgingRaisesAWaitingRequestOneLevelPerInterval) {
@@ -203,13 +211,13 @@ TEST(SchedulerTest, AgingRaisesAWaitingRequestOneLevelPerInterval) {
   waiting[1].priority = 2;
   // At 250 ms request 1 has aged 2 levels: a tie at 2, and it is older.
   EXPECT_EQ(s.EffectivePriority(waiting[0], Ms(250)), 2);
-  EXPECT_THAT(Decide(s, {waiting, 0, 100}, Ms(250)).admit, ElementsAre(1));
+  EXPECT_THAT(Decide(s, State(waiting, 0, 100), Ms(250)).admit, ElementsAre(1));
   // At 199 ms it had aged only once: request 2 (arriving at 150 ms here)
   // would still win.
   waiting[1].arrival = Ms(150);
-  EXPECT_THAT(Decide(s, {waiting, 0, 100}, Ms(199)).admit, ElementsAre(2));
+  EXPECT_THAT(Decide(s, State(waiting, 0, 100), Ms(199)).admit, ElementsAre(2));
   // The next aging step is a reason to decide again.
-  EXPECT_EQ(Decide(s, {waiting, 1, 100}, Ms(199)).reconsider_at, Ms(200));
+  EXPECT_EQ(Decide(s, State(waiting, 1, 100), Ms(199)).reconsider_at, Ms(200));
 }
 
 TEST(SchedulerTest, QueueTimeoutExpiresRequestsNeverAdmitted) {
@@ -218,10 +226,10 @@ TEST(SchedulerTest, QueueTimeoutExpiresRequestsNeverAdmitted) {
   Scheduler s(config);
   std::vector<WaitingRequest> waiting = {Req(1, 0), Req(2, 50), Req(3, 0)};
   waiting[2].preempted = true;  // admitted before: exempt
-  IdDecision d = Decide(s, {waiting, 1, 100}, Ms(99));
+  IdDecision d = Decide(s, State(waiting, 1, 100), Ms(99));
   EXPECT_THAT(d.expired, IsEmpty());
   EXPECT_EQ(d.reconsider_at, Ms(100));
-  d = Decide(s, {waiting, 1, 100}, Ms(100));
+  d = Decide(s, State(waiting, 1, 100), Ms(100));
   EXPECT_THAT(d.expired, ElementsAre(IdExpired{1, ExpiryReason::kQueueTimeout}));
   EXPECT_EQ(d.reconsider_at, Ms(150));
 }
@@ -230,9 +238,9 @@ TEST(SchedulerTest, DeadlinesExpireWaitingRequestsAndWakeTheLoop) {
   Scheduler s(Config(4, 20));
   std::vector<WaitingRequest> waiting = {Req(1, 0), Req(2, 0)};
   waiting[0].deadline = Ms(5);
-  IdDecision d = Decide(s, {waiting, 0, 100}, Ms(0));
+  IdDecision d = Decide(s, State(waiting, 0, 100), Ms(0));
   EXPECT_EQ(d.reconsider_at, Ms(5));  // before the window's end at 20
-  d = Decide(s, {waiting, 0, 100}, Ms(5));
+  d = Decide(s, State(waiting, 0, 100), Ms(5));
   EXPECT_THAT(d.expired, ElementsAre(IdExpired{1, ExpiryReason::kDeadline}));
   EXPECT_THAT(d.admit, IsEmpty());
   EXPECT_EQ(d.reconsider_at, Ms(20));
@@ -245,7 +253,7 @@ TEST(SchedulerTest, DecisionsNamePositionsInTheQueueAsGiven) {
   Scheduler s(config);
   std::vector<WaitingRequest> waiting = {Req(9, 5), Req(3, 0), Req(5, 1), Req(7, 2)};
   waiting[2].deadline = Ms(4);
-  const Decision d = s.Schedule({waiting, 0, 100}, Ms(6));
+  const Decision d = s.Schedule(State(waiting, 0, 100), Ms(6));
   EXPECT_THAT(d.expired, ElementsAre(Expired{2, ExpiryReason::kDeadline}));
   EXPECT_THAT(d.admit, ElementsAre(1, 3));
 }
@@ -303,7 +311,7 @@ class World {
         std::erase(running_, id);
       }
       IdDecision d =
-          Decide(scheduler_, {waiting_, static_cast<int>(running_.size()), 1000}, Ms(now));
+          Decide(scheduler_, State(waiting_, static_cast<int>(running_.size()), 1000), Ms(now));
       for (uint64_t id : d.admit) {
         running_.push_back(id);
         std::erase_if(waiting_, [id](const WaitingRequest& w) { return w.id == id; });

@@ -64,6 +64,18 @@ TEST(StepPlannerTest, PreemptsLowerPriorityBeforeNewer) {
   EXPECT_THAT(plan.chunks, ElementsAre(StepChunk{1, 1, true}, StepChunk{2, 1, true}));
 }
 
+TEST(StepPlannerTest, PreemptsATenantOverItsShareFirst) {
+  // All three need a block, none is free: one goes. Sequence 0 belongs to a
+  // tenant over its share, so it goes despite its higher priority and age.
+  std::vector<RunningSequence> running = {Decoding(8, 2, /*priority=*/5),
+                                          Decoding(8, 2, /*priority=*/0),
+                                          Decoding(8, 2, /*priority=*/1)};
+  running[0].over_share = true;
+  EXPECT_THAT(PlanStep(running, 0, 4, 100).preempt, ElementsAre(0));
+  running[0].over_share = false;  // otherwise: the lowest priority
+  EXPECT_THAT(PlanStep(running, 0, 4, 100).preempt, ElementsAre(1));
+}
+
 TEST(StepPlannerTest, APrefillingSequenceCanBeTheVictim) {
   // The newest is still prefilling and holds 3 blocks: preempting it is
   // enough for the decode's new block.
