@@ -6,7 +6,7 @@ container engine on the build machines, so the images are not built here).
   (`ldd`, then `dpkg -S`, as the Dockerfile's comment says): a new library
   dependency fails this test until the Dockerfile lists its package.
 * Both Dockerfiles: multi-stage, the expected bases, the entrypoint, ports and
-  user that deploy/k8s/deployment.yaml relies on.
+  user that deploy/k8s/base/deployment.yaml relies on.
 """
 
 import os
@@ -136,9 +136,9 @@ def _check_runtime(steps):
     words = dict(steps)  # the last of each instruction
     assert words["ENTRYPOINT"] == '["/usr/local/bin/coalesce-server"]'
     assert set(words["EXPOSE"].split()) == {"50051", "9090"}
-    # deploy/k8s/deployment.yaml runs as this user and group.
+    # deploy/k8s/base/deployment.yaml runs as this user and group.
     assert words["USER"] == "10001:10001"
-    with open(os.path.join(REPO, "deploy", "k8s", "deployment.yaml")) as f:
+    with open(os.path.join(REPO, "deploy", "k8s", "base", "deployment.yaml")) as f:
         deployment = f.read()
     assert "runAsUser: 10001" in deployment and "runAsGroup: 10001" in deployment
     copies = [arg for word, arg in steps if word == "COPY"]
