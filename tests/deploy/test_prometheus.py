@@ -4,22 +4,31 @@ scraping a real coalesce-server under load.
 * `promtool check rules` passes on deploy/prometheus/coalesce-rules.yml, and
   `promtool test rules` on its unit tests (coalesce-rules.test.yml), where
   every alert fires once.
-* A coalesce-server (synthetic:tiny) runs under steady load from coalesce-cli
-  loops; Debian's `prometheus` scrapes it every second with the rules loaded.
+* A coalesce-server (synthetic:tiny) runs as deploy/k8s runs it: TLS on the
+  gRPC port, a plaintext health port, tenants from an --api_keys_file; with
+  mutual TLS too, so that both ways of naming a tenant are used. It runs under
+  steady load from coalesce-cli loops, whose client certificate names their
+  tenant ("cli"), and a grpcio client sends short calls with `authorization:
+  Bearer KEY` (the tenant "search", which the batch's fairness makes room for)
+  and one with an unknown key. Debian's `prometheus` scrapes the plaintext
+  metrics port every second with the rules loaded.
 * Every recording rule, every dashboard panel query (template variables
   substituted), the dashboard's `instance` variable query and the
   prometheus-adapter query return data through the HTTP API, with at least one
   number (not only NaN); every alerting and recording rule is loaded with
   health "ok".
 * Every coalesce_* metric family the server exports is used by the dashboard
-  or a rule.
+  or a rule; the tenant panels show both tenants; the probes' health port
+  answers in plaintext while the gRPC port refuses plaintext.
 
 Needs `prometheus` and `promtool` (Debian package `prometheus`, installed by
-tools/install-deps.sh) and PyYAML (python3-yaml). COALESCE_SERVER and
+tools/install-deps.sh), PyYAML (python3-yaml), grpcio and protobuf
+(python3-grpcio, python3-protobuf), `protoc` and `openssl`. COALESCE_SERVER and
 COALESCE_CLI name the binaries (default: build/bin/). Set
 COALESCE_DEPLOY_REPORT=FILE to get every query and what it returned as JSON.
 """
 
+import hashlib
 import json
 import os
 import re
@@ -34,6 +43,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+import grpc
 import pytest
 
 try:
@@ -45,7 +55,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 RULES = os.path.join(REPO, "deploy", "prometheus", "coalesce-rules.yml")
 DASHBOARD = os.path.join(REPO, "deploy", "grafana", "coalesce-dashboard.json")
 sys.path.insert(0, os.path.join(REPO, "tools", "harness"))
-from coalesce_harness import HarnessError, ServerProcess, die_with_parent  # noqa: E402
+sys.path.insert(0, os.path.join(REPO, "tests", "service"))
+from coalesce_harness import (HarnessError, ServerProcess, die_with_parent,  # noqa: E402
+                              health_serving)
+from e2e_protos import compile_descriptors, load_stubs  # noqa: E402
 
 SERVER = os.environ.get("COALESCE_SERVER") or os.path.join(REPO, "build", "bin", "coalesce-server")
 CLI = os.environ.get("COALESCE_CLI") or os.path.join(REPO, "build", "bin", "coalesce-cli")
@@ -66,6 +79,13 @@ SERVER_FLAGS = [
 ]
 LOAD_LOOPS = 2          # background threads, each running coalesce-cli in a loop
 LOAD_CONCURRENCY = 6    # streams per coalesce-cli run
+# Tenants (--api_keys_file): coalesce-cli is named by its client certificate,
+# the grpcio client by its key.
+CLI_SUBJECT = "CN=coalesce-cli"
+API_KEY = "deploy-test-key-5e1f0c"
+TENANTS = [{"name": "cli", "client_cert_subject": CLI_SUBJECT},
+           {"name": "search", "key_sha256": hashlib.sha256(API_KEY.encode()).hexdigest()}]
+KEYED_INTERVAL = 0.25   # seconds between the keyed client's calls
 MIN_SCRAPES = 10        # successful scrapes before the queries are checked
 DATA_TIMEOUT = 40       # seconds for every query to return data after that
 
@@ -83,6 +103,32 @@ def _free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _openssl(*args, cwd):
+    r = subprocess.run(["openssl"] + list(args), cwd=cwd, capture_output=True, text=True,
+                       timeout=60)
+    if r.returncode != 0:
+        pytest.fail("openssl %s failed:\n%s" % (" ".join(args), r.stderr))
+
+
+def make_pki(d):
+    """A CA, the server's certificate for 127.0.0.1 and coalesce-cli's client
+    certificate (subject CLI_SUBJECT), as cert-manager's Secret names them
+    for the server: ca.crt, tls.crt, tls.key; client.crt, client.key."""
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+             "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=deploy-test-ca",
+             cwd=d)
+    for name, subject, ext in (("tls", "/CN=coalesce", "subjectAltName=IP:127.0.0.1\n"
+                                "extendedKeyUsage=serverAuth\n"),
+                               ("client", "/" + CLI_SUBJECT, "extendedKeyUsage=clientAuth\n")):
+        _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                 "-keyout", name + ".key", "-out", name + ".csr", "-subj", subject, cwd=d)
+        with open(os.path.join(d, name + ".ext"), "w") as f:
+            f.write(ext)
+        _openssl("x509", "-req", "-in", name + ".csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-out", name + ".crt", "-days", "2", "-extfile",
+                 name + ".ext", cwd=d)
 
 
 def _kill(proc):
@@ -225,14 +271,28 @@ class Stack:
         self.load_lock = threading.Lock()
         self.load_runs = 0
         self.load_failures = []
+        self.keyed_ok = 0
+        self.keyed_failures = []
+        self.wrong_key_code = None
 
     # -- server ---------------------------------------------------------------
     def start_server(self):
         if not os.path.exists(SERVER):
             pytest.fail("server binary not found: %s (set COALESCE_SERVER)" % SERVER)
+        self.pki = os.path.join(self.tmp, "pki")
+        os.mkdir(self.pki)
+        make_pki(self.pki)
+        keys = os.path.join(self.tmp, "keys.json")
+        with open(keys, "w") as f:
+            json.dump({"tenants": TENANTS}, f)
+        # As deploy/k8s/base/deployment.yaml, with mutual TLS for coalesce-cli.
+        flags = SERVER_FLAGS + [
+            "--tls_cert_file=%s/tls.crt" % self.pki, "--tls_key_file=%s/tls.key" % self.pki,
+            "--tls_client_ca_file=%s/ca.crt" % self.pki, "--api_keys_file=" + keys,
+            "--health_port=0"]
         error = None
         try:
-            self.server = ServerProcess(SERVER, SERVER_FLAGS, start_timeout_s=60)
+            self.server = ServerProcess(SERVER, flags, start_timeout_s=60)
         except HarnessError as e:
             error = str(e)
         if error:
@@ -242,10 +302,14 @@ class Stack:
 
     # -- load -----------------------------------------------------------------
     def _cli(self, *flags, timeout=120):
-        argv = [CLI, "--server=" + self.grpc_address] + list(flags)
+        argv = [CLI, "--server=" + self.grpc_address, "--tls_ca_file=%s/ca.crt" % self.pki,
+                "--tls_cert_file=%s/client.crt" % self.pki,
+                "--tls_key_file=%s/client.key" % self.pki] + list(flags)
+        # Named by its certificate: no API key from the environment.
+        env = {k: v for k, v in os.environ.items() if k != "COALESCE_API_KEY"}
         proc = subprocess.Popen(die_with_parent(argv),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT)
+                                stderr=subprocess.STDOUT, env=env)
         with self.load_lock:
             self.load_procs.add(proc)
         try:
@@ -268,6 +332,26 @@ class Stack:
                 if rc != 0 and not self.stop.is_set():
                     self.load_failures.append(out[-2000:])
 
+    def _keyed_loop(self, channel, generate, request):
+        """Short calls of the tenant "search" (its key; the client certificate
+        mutual TLS needs would name "cli"), after one with an unknown key."""
+        try:
+            list(generate(request, timeout=30, metadata=[("authorization", "Bearer nope")]))
+        except grpc.RpcError as e:
+            self.wrong_key_code = e.code()
+        while not self.stop.is_set():
+            try:
+                list(generate(request, timeout=30,
+                              metadata=[("authorization", "Bearer " + API_KEY)]))
+                with self.load_lock:
+                    self.keyed_ok += 1
+            except grpc.RpcError as e:
+                if not self.stop.is_set():
+                    with self.load_lock:
+                        self.keyed_failures.append("%s: %s" % (e.code(), e.details()))
+            self.stop.wait(KEYED_INTERVAL)
+        channel.close()
+
     def start_load(self):
         if not os.path.exists(CLI):
             pytest.fail("client binary not found: %s (set COALESCE_CLI)" % CLI)
@@ -275,6 +359,26 @@ class Stack:
             t = threading.Thread(target=self._load_loop, args=(i,), daemon=True)
             t.start()
             self.load_threads.append(t)
+        desc = os.path.join(self.tmp, "coalesce.desc")
+        compile_descriptors(desc)
+        g = load_stubs(desc).g
+
+        def read(name):
+            with open(os.path.join(self.pki, name), "rb") as f:
+                return f.read()
+        channel = grpc.secure_channel(self.grpc_address, grpc.ssl_channel_credentials(
+            root_certificates=read("ca.crt"), private_key=read("client.key"),
+            certificate_chain=read("client.crt")))
+        generate = channel.unary_stream(
+            "/coalesce.v1.Generator/Generate",
+            request_serializer=g.GenerateRequest.SerializeToString,
+            response_deserializer=g.GenerateResponse.FromString)
+        request = g.GenerateRequest(prompt="Once upon a time", max_new_tokens=32)
+        request.sampling.temperature = 1
+        t = threading.Thread(target=self._keyed_loop, args=(channel, generate, request),
+                             daemon=True)
+        t.start()
+        self.load_threads.append(t)
 
     # -- Prometheus ------------------------------------------------------------
     def start_prometheus(self):
@@ -437,6 +541,9 @@ def test_load_ran(stack):
     assert r and float(r[0]["value"][1]) > 0, "no request finished OK; server log:\n%s" % "".join(
         stack.server.log_lines()[-50:])
     assert not stack.load_failures, "coalesce-cli failed:\n%s" % stack.load_failures[0]
+    assert not stack.keyed_failures, "calls with the API key failed: %s" % stack.keyed_failures
+    assert stack.keyed_ok > 0, "no call with the API key finished"
+    assert stack.wrong_key_code == grpc.StatusCode.UNAUTHENTICATED, stack.wrong_key_code
 
 
 def test_every_recording_rule_returns_data(stack):
@@ -510,6 +617,45 @@ def test_every_rule_is_loaded_and_healthy(stack):
     assert not missing, "rules not loaded: %s" % missing
     assert not unhealthy, "rules not healthy: %s" % unhealthy
     assert len(alerting) >= 6
+
+
+def test_tenant_panels_show_every_tenant(stack):
+    """The panels on the tenants' requests and tokens return a series for each
+    tenant: the one named by its client certificate and the one named by its
+    key. (Fairness preemptions, the third tenant family, only ever hit the
+    tenant that fills the batch, "cli": its panel is checked for data by
+    test_every_dashboard_query_returns_data.)"""
+    d = load_dashboard()
+    exprs = {"%s [%s]" % (title, ref): substitute(expr, stack.instance)
+             for title, ref, expr in dashboard_targets(d)
+             if re.search(r"\bcoalesce_tenant_(requests|tokens)_total\b", expr)}
+    assert len(exprs) >= 2, "no dashboard panel on the tenants' requests and tokens"
+    want = {t["name"] for t in TENANTS}
+    deadline = time.monotonic() + DATA_TIMEOUT
+    while True:
+        seen = {name: {r["metric"].get("tenant") for r in stack.query(expr)
+                       if r["value"][1] not in ("NaN", "0")}
+                for name, expr in exprs.items()}
+        missing = {name: sorted(want - got) for name, got in seen.items() if want - got}
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert not missing, "tenant panels without a tenant: %s\n%s" % (
+        missing, "\n".join("%s: %s" % (k, exprs[k]) for k in missing))
+    # The refusal of the unknown key is counted.
+    r = stack.query('sum(coalesce_requests_rejected_total{reason="unauthenticated", '
+                    'instance="%s"})' % stack.instance)
+    assert r and float(r[0]["value"][1]) >= 1, r
+
+
+def test_health_port_answers_probes_in_plaintext(stack):
+    """What the Deployment's probes rely on: with TLS on the gRPC port, the
+    --health_port answers grpc.health.v1 in plaintext, and the gRPC port does
+    not."""
+    m = re.search(r"health service in plaintext on [0-9.]+:(\d+)", stack.server.log())
+    assert m, stack.server.log()
+    assert health_serving("127.0.0.1:" + m.group(1))
+    assert not health_serving(stack.grpc_address)
 
 
 def test_every_server_metric_is_used(stack):
