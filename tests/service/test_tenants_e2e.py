@@ -12,6 +12,7 @@ file is re-read when it changes; no key reaches the log.
 import hashlib
 import json
 import os
+import subprocess
 import threading
 import time
 
@@ -19,7 +20,7 @@ import grpc
 import pytest
 
 from coalesce_harness import read_metrics_text
-from e2e_support import Client, Server, parse_metrics, wait_for
+from e2e_support import SERVER, Client, Server, parse_metrics, wait_for
 
 PROMPT = [1, 403, 407, 261]
 KEYS = {"alpha": "alpha-key-9a1b2c", "beta": "beta-key-3d4e5f", "gamma": "gamma-key-6a7b8c",
@@ -101,6 +102,54 @@ def test_a_key_names_its_tenant_in_the_metrics(srv):
             == get(before, "coalesce_tenant_tokens_total", tenant="alpha", kind="generated") + 6)
     assert (get(after, "coalesce_tenant_tokens_total", tenant="alpha", kind="prompt")
             == get(before, "coalesce_tenant_tokens_total", tenant="alpha", kind="prompt") + 4)
+
+
+def test_the_command_line_clients_send_a_key_from_a_file_or_the_environment(srv, tmp_path):
+    """coalesce-cli, coalesce-bench and coalesce-eval: --api_key_file, or
+    COALESCE_API_KEY; without either, the server refuses them."""
+    tools = os.path.dirname(SERVER)
+    key_file = tmp_path / "key"
+    key_file.write_text("  %s  \n" % KEYS["other"])  # surrounding whitespace is not the key
+    server = "--server=" + srv.server.address
+    env = {k: v for k, v in os.environ.items() if k != "COALESCE_API_KEY"}
+
+    def ok_requests():
+        try:
+            return srv.metrics().get("coalesce_tenant_requests_total", tenant="other", status="ok")
+        except AssertionError:
+            return 0.0
+
+    def run(cmd, key_env=None):
+        e = dict(env, COALESCE_API_KEY=key_env) if key_env else env
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=e)
+
+    before = ok_requests()
+    cli = [os.path.join(tools, "coalesce-cli"), server, "--prompt=Once", "--max_new_tokens=3"]
+    bench = [os.path.join(tools, "coalesce-bench"), server, "--requests=3", "--concurrency=1",
+             "--warmup=0s", "--prompt_tokens=8", "--max_new_tokens=3", "--progress=false",
+             "--format=none"]
+    for cmd in (cli + ["--api_key_file=%s" % key_file], bench + ["--api_key_file=%s" % key_file]):
+        r = run(cmd)
+        assert r.returncode == 0, (cmd, r.stdout, r.stderr)
+    r = run(cli, key_env=KEYS["other"])
+    assert r.returncode == 0, r.stderr
+    assert ok_requests() == before + 5
+
+    # coalesce-eval calls GetModelInfo and Tokenize too: those need the key as well.
+    text = tmp_path / "text.txt"
+    text.write_text("Once upon a time there was a little cat. She liked to play in the sun.\n")
+    eval_cmd = [os.path.join(tools, "coalesce-eval"), server, "--text=%s" % text, "--format=json"]
+    r = run(eval_cmd + ["--api_key_file=%s" % key_file])
+    assert r.returncode == 0, (r.stdout, r.stderr)
+
+    refused = run(cli)
+    assert refused.returncode != 0 and "needs an API key" in refused.stderr, refused.stderr
+    refused = run(eval_cmd)
+    assert refused.returncode != 0 and "needs an API key" in refused.stderr, refused.stderr
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    bad = run(cli + ["--api_key_file=%s" % empty])
+    assert bad.returncode == 2 and "no key in it" in bad.stderr, bad.stderr
 
 
 def test_over_its_streams_a_tenant_waits_and_others_go_on(srv, pb, keys_file):

@@ -26,7 +26,7 @@
 #include "tools/bench/load_runner.h"
 #include "tools/bench/report.h"
 #include "tools/bench/workload.h"
-#include "tools/common/client_tls.h"
+#include "tools/common/client_channel.h"
 
 using coalesce::bench::IntRange;
 
@@ -35,10 +35,6 @@ using coalesce::bench::IntRange;
 // ---------------------------------------------------------------------------
 
 ABSL_FLAG(std::string, server, "localhost:50051", "Address of a coalesce server.");
-ABSL_FLAG(std::string, tls_ca_file, "",
-          "PEM roots to verify the server's certificate: connect over TLS.");
-ABSL_FLAG(std::string, tls_cert_file, "", "PEM client certificate chain, for mutual TLS.");
-ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
 ABSL_FLAG(int, concurrency, 16,
           "Closed loop: keep this many streams in flight, sending a new request as soon as "
           "one ends.");
@@ -230,21 +226,18 @@ int Main() {
 
   // One channel per --channels, each its own connection: gRPC shares a
   // subchannel between equal channels unless told otherwise.
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      coalesce::tools::ChannelCredentialsFor({absl::GetFlag(FLAGS_tls_ca_file),
-                                              absl::GetFlag(FLAGS_tls_cert_file),
-                                              absl::GetFlag(FLAGS_tls_key_file)});
-  if (!credentials.ok()) {
-    std::fprintf(stderr, "coalesce-bench: %s\n",
-                 std::string(credentials.status().message()).c_str());
-    return kExitUsage;
-  }
   std::vector<std::unique_ptr<Generator::Stub>> stubs;
   for (int i = 0; i < c.channels; ++i) {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     args.SetInt("coalesce.bench.channel", i);
-    stubs.push_back(Generator::NewStub(grpc::CreateCustomChannel(c.server, *credentials, args)));
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        coalesce::tools::ClientChannelFromFlags(c.server, args);
+    if (!channel.ok()) {
+      std::fprintf(stderr, "coalesce-bench: %s\n", std::string(channel.status().message()).c_str());
+      return kExitUsage;
+    }
+    stubs.push_back(Generator::NewStub(*channel));
   }
 
   absl::StatusOr<ModelDescription> model = DescribeModel(c, *stubs[0]);

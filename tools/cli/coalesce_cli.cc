@@ -23,13 +23,9 @@
 #include "common/flags.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
-#include "tools/common/client_tls.h"
+#include "tools/common/client_channel.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051", "Address of a coalesce server.");
-ABSL_FLAG(std::string, tls_ca_file, "",
-          "PEM roots to verify the server's certificate: connect over TLS.");
-ABSL_FLAG(std::string, tls_cert_file, "", "PEM client certificate chain, for mutual TLS.");
-ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
 ABSL_FLAG(std::string, prompt, "Once upon a time", "Prompt text.");
 ABSL_FLAG(int, max_new_tokens, 64, "Most tokens to generate.");
 ABSL_FLAG(double, temperature, 0.0, "Sampling temperature; 0 is greedy.");
@@ -207,16 +203,13 @@ int main(int argc, char** argv) {
   coalesce::ParseFlags(argc, argv,
                        "Streams a generation from a coalesce server.\n"
                        "Usage: coalesce-cli --prompt='Once upon a time' [--concurrency=8] [flags]");
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      coalesce::tools::ChannelCredentialsFor({absl::GetFlag(FLAGS_tls_ca_file),
-                                              absl::GetFlag(FLAGS_tls_cert_file),
-                                              absl::GetFlag(FLAGS_tls_key_file)});
-  if (!credentials.ok()) {
-    std::cerr << credentials.status().message() << "\n";
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      coalesce::tools::ClientChannelFromFlags(absl::GetFlag(FLAGS_server));
+  if (!channel.ok()) {
+    std::cerr << channel.status().message() << "\n";
     return 2;
   }
-  auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_server), *credentials);
-  auto stub = Generator::NewStub(channel);
+  auto stub = Generator::NewStub(*channel);
   if (absl::GetFlag(FLAGS_info)) return PrintInfo(*stub);
 
   GenerateRequest request;

@@ -37,6 +37,7 @@
 #include "coalesce/v1/generator.grpc.pb.h"
 #include "common/flags.h"
 #include "grpcpp/grpcpp.h"
+#include "tools/common/client_channel.h"
 #include "tools/eval/inputs.h"
 #include "tools/eval/report.h"
 #include "tools/eval/scoring.h"
@@ -183,12 +184,15 @@ bool IsInputError(const absl::Status& status) {
 // One coalesce server, called synchronously (from many threads at once).
 class Server {
  public:
-  Server(std::string address, absl::Duration timeout)
-      : address_(std::move(address)), timeout_(timeout) {
+  // Connects with the TLS and API-key flags (tools/common/client_channel.h).
+  static absl::StatusOr<std::unique_ptr<Server>> Connect(std::string address,
+                                                         absl::Duration timeout) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);  // a long text's token ids
-    stub_ = Generator::NewStub(
-        grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        coalesce::tools::ClientChannelFromFlags(address, args);
+    if (!channel.ok()) return channel.status();
+    return std::unique_ptr<Server>(new Server(std::move(address), *channel, timeout));
   }
 
   const std::string& address() const { return address_; }
@@ -284,6 +288,9 @@ class Server {
     if (!status.ok()) return Failed("Generate", status);
     return absl::OkStatus();
   }
+
+  Server(std::string address, std::shared_ptr<grpc::Channel> channel, absl::Duration timeout)
+      : address_(std::move(address)), timeout_(timeout), stub_(Generator::NewStub(channel)) {}
 
   const std::string address_;
   const absl::Duration timeout_;
@@ -569,13 +576,17 @@ int Main() {
   }
 
   // 2. The servers.
-  Server server(c.server, c.timeout);
+  absl::StatusOr<std::unique_ptr<Server>> connected = Server::Connect(c.server, c.timeout);
+  if (!connected.ok()) return Fail(kExitInput, connected.status());
+  Server& server = **connected;
   absl::StatusOr<ServerDescription> desc = server.Describe(c.wait_for_server);
   if (!desc.ok()) return Fail(kExitNoServer, desc.status());
   std::unique_ptr<Server> other;
   std::optional<ServerDescription> other_desc;
   if (!c.agree_with.empty()) {
-    other = std::make_unique<Server>(c.agree_with, c.timeout);
+    absl::StatusOr<std::unique_ptr<Server>> second = Server::Connect(c.agree_with, c.timeout);
+    if (!second.ok()) return Fail(kExitInput, second.status());
+    other = *std::move(second);
     absl::StatusOr<ServerDescription> d = other->Describe(c.wait_for_server);
     if (!d.ok()) return Fail(kExitNoServer, d.status());
     if (d->vocab_size != desc->vocab_size) {
