@@ -19,7 +19,10 @@ It prints B's median time to first token in each and its ratio to 'idle'
 (coalesce_batch_size) while B ran beside A's flood against A's flood alone
 (work-conserving: 1, A keeps every slot B does not use), the tokens the
 server generated per second, and the sequences preempted for fairness
-(coalesce_tenant_preemptions_total).
+(coalesce_tenant_preemptions_total), and the mean engine step time of steps
+with prompt tokens and of decode-only steps (coalesce_engine_step_seconds):
+beside the flood, B's first token waits for the step in flight and then
+comes from a step that also decodes A's sequences.
 
 Run after tools/build.sh:
     python3 tools/bench/tenant_fairness.py [--model synthetic:15m] [--duration 20]
@@ -76,9 +79,17 @@ class Server:
         def value(name):
             m = re.search(r"^%s (\S+)$" % name, text, re.M)
             return float(m.group(1)) if m else 0.0
-        return {"generated": value("coalesce_generated_tokens_total"),
-                "sequences": value("coalesce_batch_size_sum"),
-                "steps": value("coalesce_batch_size_count")}
+        out = {"generated": value("coalesce_generated_tokens_total"),
+               "sequences": value("coalesce_batch_size_sum"),
+               "steps": value("coalesce_batch_size_count")}
+        # Engine step time: steps with prompt tokens (phase prefill or
+        # mixed), and decode-only steps.
+        for kind, phases in (("prompt", ("prefill", "mixed")), ("decode", ("decode",))):
+            for part in ("sum", "count"):
+                out["%s_step_%s" % (kind, part)] = sum(
+                    value(r'coalesce_engine_step_seconds_%s\{phase="%s"\}' % (part, phase))
+                    for phase in phases)
+        return out
 
     def fairness_preemptions(self):
         """coalesce_tenant_preemptions_total, summed over the tenants."""
@@ -151,8 +162,14 @@ def phase(args, server, tmp, name, b_tenant, with_flood, with_b):
             flood.terminate()  # its streams end cancelled
             flood.wait(60)
     steps = after["steps"] - before["steps"]
+
+    def delta(key):
+        return after[key] - before[key]
     out = {"server_generated_tokens_per_s": (after["generated"] - before["generated"]) / elapsed,
            "mean_batch": (after["sequences"] - before["sequences"]) / steps if steps else 0.0,
+           # Mean engine step time of steps with prompt tokens and of decode-only ones.
+           **{"%s_step_ms" % kind: 1000 * delta(kind + "_step_sum") / delta(kind + "_step_count")
+              if delta(kind + "_step_count") else 0.0 for kind in ("prompt", "decode")},
            "fairness_preemptions": server.fairness_preemptions() - preempted}
     if with_b:
         out["b"] = load(b_json)
@@ -228,14 +245,16 @@ def main():
               args.model, args.max_batch_size, 10 * args.max_batch_size // 2,
               args.a_max_new_tokens, args.b_streams, args.b_max_new_tokens, args.prompt_tokens,
               args.duration))
-    print("%-12s %14s %8s %16s %11s %12s" % ("phase", "B TTFT p50 ms", "vs idle",
-                                             "server tokens/s", "mean batch", "preemptions"))
+    print("%-11s %13s %8s %15s %10s %11s %16s %15s" % (
+        "phase", "B TTFT p50 ms", "vs idle", "server tokens/s", "mean batch", "preemptions",
+        "prompt step ms", "decode step ms"))
     for name, r in results.items():
         ttft = r["b"]["ttft_p50_s"] if "b" in r else None
-        print("%-12s %14s %8s %16.0f %11.2f %12d" % (
+        print("%-11s %13s %8s %15.0f %10.2f %11d %16.1f %15.1f" % (
             name, "%.1f" % (ttft * 1000) if ttft is not None else "-",
             "%.2fx" % (ttft / idle) if ttft is not None and idle else "-",
-            r["server_generated_tokens_per_s"], r["mean_batch"], r["fairness_preemptions"]))
+            r["server_generated_tokens_per_s"], r["mean_batch"], r["fairness_preemptions"],
+            r["prompt_step_ms"], r["decode_step_ms"]))
     if idle:
         for name, target in (("fair", " (target <= 2)"), ("one tenant", "")):
             if name in results:
