@@ -445,9 +445,16 @@ Decision EngineLoop::ScheduleAndAdmit(absl::Time now) {
                        seq->request.priority, seq->request.deadline, seq->preempted, seq->samples,
                        seq->tenant});
   }
-  const std::vector<RunningEntry> running = RunningEntries();
+  // The running sequences matter to the decision only with several
+  // tenants (fairness preemption); otherwise only their slots do.
+  std::vector<RunningEntry> running;
   int slots = 0;
-  for (const RunningEntry& e : running) slots += e.slots;
+  if (tenant_weights_.size() > 1) {
+    running = RunningEntries();
+    for (const RunningEntry& e : running) slots += e.slots;
+  } else {
+    for (const auto& seq : running_) slots += seq->samples;
+  }
   const QueueState state{waiting, slots, std::max(0, blocks_.num_available() - imminent),
                          tenant_weights_, running};
   Decision decision = scheduler_.Schedule(state, now);

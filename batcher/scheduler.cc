@@ -45,9 +45,7 @@ int64_t AgingLevels(absl::Duration waited, absl::Duration interval) {
   absl::Duration remainder;
   return absl::IDivDuration(waited, interval, &remainder);
 }
-}  // namespace
 
-namespace {
 // Loads (slots per weight) are compared with this much slack, so that
 // rounding cannot decide.
 constexpr double kLoadSlack = 1e-9;
