@@ -133,10 +133,11 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOALESCE_CUDA=OFF \
   -DCMAKE_CXX_FLAGS="-fsanitize=thread -fno-omit-frame-pointer" \
   -DCMAKE_C_FLAGS="-fsanitize=thread -fno-omit-frame-pointer" \
   -DCMAKE_EXE_LINKER_FLAGS="$link" -DCMAKE_SHARED_LINKER_FLAGS="$link" >/dev/null
-# Only what the tests labelled tsan run: the server, the CLI (which
-# test_samples_e2e.py runs) and three unit-test binaries.
-cmake --build "$build" -j "$jobs" --target coalesce-server coalesce-cli batcher_tests service_tests \
-  common_tests
+# Only what the tests labelled tsan run: the server, the command-line clients
+# (test_samples_e2e.py and test_tls_e2e.py run the CLI, test_tenants_e2e.py
+# all three) and three unit-test binaries.
+cmake --build "$build" -j "$jobs" --target coalesce-server coalesce-cli coalesce-bench coalesce-eval \
+  batcher_tests service_tests common_tests
 t2=$SECONDS
 # The instrumented Abseil libraries are the ones the test binaries load.
 for bin in coalesce-server batcher_tests service_tests common_tests; do
