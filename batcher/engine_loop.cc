@@ -661,9 +661,13 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
   // With several tenants, those over their share are preempted first.
   std::optional<TenantShares> shares;
   if (tenant_weights_.size() > 1) {
+    // Shares need only tenants and slots: no block counts.
     std::vector<WaitingRequest> waiting(waiting_.size());
     for (size_t i = 0; i < waiting_.size(); ++i) waiting[i].tenant = waiting_[i]->tenant;
-    const std::vector<RunningEntry> running = RunningEntries();
+    std::vector<RunningEntry> running;
+    running.reserve(running_.size());
+    for (const auto& seq : running_)
+      running.push_back({.tenant = seq->tenant, .slots = seq->samples});
     QueueState state;
     state.waiting = waiting;
     state.tenant_weights = tenant_weights_;

@@ -223,6 +223,24 @@ TEST_F(SamplesTest, TheSamplesAreAdmittedTogetherWithoutOvertaking) {
   EXPECT_EQ(Available(), 32);
 }
 
+TEST_F(SamplesTest, TheSamplesHoldTheirSlotsBeforeTheyPart) {
+  // Four samples of a 13-token prompt, 4 prompt tokens a step: they run as
+  // one sequence for three steps, but hold all four slots meanwhile, so a
+  // later request waits for them to finish.
+  MakeSamplingLoop({.max_batch_size = 4, .max_batch_tokens = 4});
+  uint64_t group_id = 0, single_id = 0;
+  auto group = Submit(Sampled({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}, 3, 1, 4), &group_id);
+  Tick();
+  auto single = Submit(Sampled({4}, 3, 1), &single_id);
+  Tick();
+  LoopSnapshot s = loop_->Snapshot();
+  ASSERT_EQ(s.running.size(), 1u);  // before the fork
+  EXPECT_EQ(s.running[0].id, group_id);
+  EXPECT_THAT(s.waiting, ::testing::ElementsAre(single_id));
+  RunUntilFinished({group, single});
+  EXPECT_EQ(Available(), 32);
+}
+
 TEST_F(SamplesTest, RefusesSamplesThatCouldNeverRunTogether) {
   MakeSamplingLoop({.num_blocks = 6, .max_batch_size = 4});
   auto code = [&](GenerationRequest r) {
