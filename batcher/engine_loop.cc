@@ -886,7 +886,7 @@ void EngineLoop::Emit(Sequence& seq, int32_t token, absl::Time now, std::span<co
     if (seq.generated == 1) {
       // A request's first token, whichever sample makes it.
       if (seq.group == nullptr || !std::exchange(seq.group->first_token, true)) {
-        observer_->OnFirstToken(now - seq.request.arrival);
+        observer_->OnFirstToken(now - seq.request.arrival, seq.request.tenant);
       }
     } else {
       observer_->OnInterToken(now - seq.last_token_at);

@@ -49,7 +49,9 @@ class LoopObserver {
   virtual void OnAdmitted(absl::Duration queue_wait, absl::Duration window_wait) {}
   // One scheduling decision admitted `requests` (>= 1) at once.
   virtual void OnAdmission(int requests) {}
-  virtual void OnFirstToken(absl::Duration time_to_first_token) {}
+  // A request's first generated token, `time_to_first_token` after its
+  // arrival; `tenant` is the request's (empty without --api_keys_file).
+  virtual void OnFirstToken(absl::Duration time_to_first_token, std::string_view tenant) {}
   virtual void OnInterToken(absl::Duration gap) {}
   virtual void OnFinished(const RequestSummary& summary) {}
   // A request refused or dropped before it ran: "queue_full", "too_long",
@@ -88,8 +90,8 @@ class ForwardingObserver : public LoopObserver {
   void OnAdmission(int requests) override {
     if (next_ != nullptr) next_->OnAdmission(requests);
   }
-  void OnFirstToken(absl::Duration time_to_first_token) override {
-    if (next_ != nullptr) next_->OnFirstToken(time_to_first_token);
+  void OnFirstToken(absl::Duration time_to_first_token, std::string_view tenant) override {
+    if (next_ != nullptr) next_->OnFirstToken(time_to_first_token, tenant);
   }
   void OnInterToken(absl::Duration gap) override {
     if (next_ != nullptr) next_->OnInterToken(gap);

@@ -98,6 +98,11 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry, con
                                     "make room for a tenant below its share of the batch "
                                     "(resumed later by recomputation)")
                               .Register(*registry_)),
+      tenant_time_to_first_token_(prometheus::BuildHistogram()
+                                      .Name("coalesce_tenant_time_to_first_token_seconds")
+                                      .Help("Time from arrival to the first generated token, by "
+                                            "tenant (--api_keys_file)")
+                                      .Register(*registry_)),
       stalled_streams_(NewCounter(*registry_, "coalesce_stalled_streams_total",
                                   "Generate streams ended because their client read nothing "
                                   "for --stream_stall_timeout (counted cancelled)")),
@@ -245,8 +250,12 @@ void ServerMetrics::OnAdmitted(absl::Duration queue_wait, absl::Duration window_
 
 void ServerMetrics::OnAdmission(int requests) { admission_size_.Observe(requests); }
 
-void ServerMetrics::OnFirstToken(absl::Duration ttft) {
+void ServerMetrics::OnFirstToken(absl::Duration ttft, std::string_view tenant) {
   time_to_first_token_.Observe(Seconds(ttft));
+  if (!tenant.empty()) {
+    tenant_time_to_first_token_.Add({{"tenant", std::string(tenant)}}, kFirstTokenBuckets)
+        .Observe(Seconds(ttft));
+  }
 }
 
 void ServerMetrics::OnInterToken(absl::Duration gap) { inter_token_latency_.Observe(Seconds(gap)); }

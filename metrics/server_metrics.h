@@ -44,7 +44,7 @@ class ServerMetrics : public batcher::LoopObserver {
   void OnQueue(const batcher::QueueStats& stats) override;
   void OnAdmitted(absl::Duration queue_wait, absl::Duration window_wait) override;
   void OnAdmission(int requests) override;
-  void OnFirstToken(absl::Duration time_to_first_token) override;
+  void OnFirstToken(absl::Duration time_to_first_token, std::string_view tenant) override;
   void OnInterToken(absl::Duration gap) override;
   void OnFinished(const batcher::RequestSummary& summary) override;
 
@@ -84,6 +84,8 @@ class ServerMetrics : public batcher::LoopObserver {
   prometheus::Family<prometheus::Counter>& tenant_tokens_;
   // Sequences preempted to make room for a tenant below its share.
   prometheus::Family<prometheus::Counter>& tenant_preemptions_;
+  // Time to first token by tenant.
+  prometheus::Family<prometheus::Histogram>& tenant_time_to_first_token_;
   prometheus::Counter& stalled_streams_;
   prometheus::Counter& preemptions_;
   prometheus::Family<prometheus::Histogram>& batch_tokens_;

@@ -27,7 +27,7 @@ class LookupObserver : public LoopObserver {
     looked_up += prompt_tokens;
     found += cached_tokens;
   }
-  void OnFirstToken(absl::Duration) override { ++first_tokens; }
+  void OnFirstToken(absl::Duration, std::string_view) override { ++first_tokens; }
   void OnFinished(const RequestSummary& summary) override {
     ++finished;
     completion_tokens += summary.completion_tokens;

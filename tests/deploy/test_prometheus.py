@@ -620,16 +620,17 @@ def test_every_rule_is_loaded_and_healthy(stack):
 
 
 def test_tenant_panels_show_every_tenant(stack):
-    """The panels on the tenants' requests and tokens return a series for each
-    tenant: the one named by its client certificate and the one named by its
-    key. (Fairness preemptions, the third tenant family, only ever hit the
+    """The panels on the tenants' requests, tokens and times to first token
+    return a series for each tenant: the one named by its client certificate
+    and the one named by its key. (Fairness preemptions only ever hit the
     tenant that fills the batch, "cli": its panel is checked for data by
     test_every_dashboard_query_returns_data.)"""
     d = load_dashboard()
     exprs = {"%s [%s]" % (title, ref): substitute(expr, stack.instance)
              for title, ref, expr in dashboard_targets(d)
-             if re.search(r"\bcoalesce_tenant_(requests|tokens)_total\b", expr)}
-    assert len(exprs) >= 2, "no dashboard panel on the tenants' requests and tokens"
+             if re.search(r"\bcoalesce_tenant_(requests_total|tokens_total"
+                          r"|time_to_first_token_seconds_bucket)\b", expr)}
+    assert len(exprs) >= 4, "no dashboard panels on the tenants' requests, tokens and latency"
     want = {t["name"] for t in TENANTS}
     deadline = time.monotonic() + DATA_TIMEOUT
     while True:

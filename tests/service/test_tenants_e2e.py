@@ -102,6 +102,12 @@ def test_a_key_names_its_tenant_in_the_metrics(srv):
             == get(before, "coalesce_tenant_tokens_total", tenant="alpha", kind="generated") + 6)
     assert (get(after, "coalesce_tenant_tokens_total", tenant="alpha", kind="prompt")
             == get(before, "coalesce_tenant_tokens_total", tenant="alpha", kind="prompt") + 4)
+    # The request's first token is in its tenant's histogram, and in no other's.
+    ttft = "coalesce_tenant_time_to_first_token_seconds_count"
+    assert get(after, ttft, tenant="alpha") == get(before, ttft, tenant="alpha") + 1
+    assert get(after, ttft, tenant="beta") == get(before, ttft, tenant="beta")
+    assert (get(after, "coalesce_time_to_first_token_seconds_count")
+            == get(before, "coalesce_time_to_first_token_seconds_count") + 1)
 
 
 def test_the_command_line_clients_send_a_key_from_a_file_or_the_environment(srv, tmp_path):

@@ -91,6 +91,16 @@ class Server:
                     for phase in phases)
         return out
 
+    def tenant_first_tokens(self, tenant):
+        """coalesce_tenant_time_to_first_token_seconds of the tenant: (sum, count)."""
+        text = self.metrics()
+
+        def value(part):
+            m = re.search(r'^coalesce_tenant_time_to_first_token_seconds_%s\{tenant="%s"\} (\S+)$'
+                          % (part, tenant), text, re.M)
+            return float(m.group(1)) if m else 0.0
+        return value("sum"), value("count")
+
     def fairness_preemptions(self):
         """coalesce_tenant_preemptions_total, summed over the tenants."""
         return sum(float(v) for v in re.findall(r"^coalesce_tenant_preemptions_total\{[^}]*\} (\S+)$",
@@ -127,6 +137,7 @@ def load(path):
         report = json.load(f)
     c = report["counts"]
     return {"ttft_p50_s": report["latency_s"]["ttft"]["p50"],
+            "ttft_mean_s": report["latency_s"]["ttft"]["mean"],
             "generated_tokens_per_s": report["throughput"]["generated_tokens_per_s"],
             "completed": c["completed"], "by_status": c["by_status"]}
 
@@ -152,6 +163,7 @@ def phase(args, server, tmp, name, b_tenant, with_flood, with_b):
     try:
         before, start = server.counters(), time.monotonic()
         preempted = server.fairness_preemptions()
+        b_first = server.tenant_first_tokens(b_tenant) if b_tenant else None
         if with_b:
             run(bench_cmd(args, args.keys[b_tenant], b_flags, b_json, 2))
         else:
@@ -173,6 +185,13 @@ def phase(args, server, tmp, name, b_tenant, with_flood, with_b):
            "fairness_preemptions": server.fairness_preemptions() - preempted}
     if with_b:
         out["b"] = load(b_json)
+        # The server's own measure, arrival to the step that made the
+        # token: without the gRPC delivery or the client. (As one tenant,
+        # B's requests are not told apart from A's.)
+        first_sum, first_count = (a - b for a, b in zip(server.tenant_first_tokens(b_tenant),
+                                                         b_first))
+        if b_tenant == "b" and first_count:
+            out["b"]["server_ttft_mean_s"] = first_sum / first_count
     return out
 
 
@@ -245,14 +264,19 @@ def main():
               args.model, args.max_batch_size, 10 * args.max_batch_size // 2,
               args.a_max_new_tokens, args.b_streams, args.b_max_new_tokens, args.prompt_tokens,
               args.duration))
-    print("%-11s %13s %8s %15s %10s %11s %16s %15s" % (
-        "phase", "B TTFT p50 ms", "vs idle", "server tokens/s", "mean batch", "preemptions",
-        "prompt step ms", "decode step ms"))
+    print("%-11s %13s %8s %14s %16s %15s %10s %11s %16s %15s" % (
+        "phase", "B TTFT p50 ms", "vs idle", "B TTFT mean ms", "server B mean ms",
+        "server tokens/s", "mean batch", "preemptions", "prompt step ms", "decode step ms"))
+
+    def ms(b, key):
+        return "%.1f" % (1000 * b[key]) if key in b else "-"
     for name, r in results.items():
-        ttft = r["b"]["ttft_p50_s"] if "b" in r else None
-        print("%-11s %13s %8s %15.0f %10.2f %11d %16.1f %15.1f" % (
-            name, "%.1f" % (ttft * 1000) if ttft is not None else "-",
+        b = r.get("b", {})
+        ttft = b.get("ttft_p50_s")
+        print("%-11s %13s %8s %14s %16s %15.0f %10.2f %11d %16.1f %15.1f" % (
+            name, ms(b, "ttft_p50_s"),
             "%.2fx" % (ttft / idle) if ttft is not None and idle else "-",
+            ms(b, "ttft_mean_s"), ms(b, "server_ttft_mean_s"),
             r["server_generated_tokens_per_s"], r["mean_batch"], r["fairness_preemptions"],
             r["prompt_step_ms"], r["decode_step_ms"]))
     if idle:
@@ -260,6 +284,11 @@ def main():
             if name in results:
                 print("B TTFT p50, %s / idle: %.2fx%s" % (
                     name, results[name]["b"]["ttft_p50_s"] / idle, target))
+    server_idle = results.get("idle", {}).get("b", {}).get("server_ttft_mean_s")
+    server_fair = results.get("fair", {}).get("b", {}).get("server_ttft_mean_s")
+    if server_idle and server_fair:
+        print("B TTFT mean in the server (arrival to its first token's step), fair / idle: %.2fx"
+              % (server_fair / server_idle))
     if "fair" in results and "A alone" in results:
         fair, alone = results["fair"], results["A alone"]
         print("mean batch with B beside A's flood / A's flood alone: %.2f (work-conserving: 1)"
