@@ -37,13 +37,21 @@ absl::Status ValidateModel(const Model& model, bool check_weights) {
   if (!check_weights) return absl::OkStatus();
   const size_t d = c.dim, h = c.hidden_dim, kv = c.kv_dim(), v = c.vocab_size;
   const ModelWeights& w = model.weights;
-  bool ok = w.token_embedding.size() == v * d && w.classifier.size() == v * d &&
-            w.final_norm.size() == d && w.layers.size() == static_cast<size_t>(c.n_layers);
+  // A matrix is [rows][cols] in float32, or quantized (not both).
+  auto matrix = [](std::span<const float> f, const QuantizedMatrix& q, size_t rows, size_t cols) {
+    if (q.empty()) return f.size() == rows * cols;
+    return f.empty() && q.rows == static_cast<int64_t>(rows) &&
+           q.cols == static_cast<int64_t>(cols) && q.cols % QuantBlockSize(q.type) == 0;
+  };
+  bool ok = matrix(w.token_embedding, w.quantized_token_embedding, v, d) &&
+            matrix(w.classifier, w.quantized_classifier, v, d) && w.final_norm.size() == d &&
+            w.layers.size() == static_cast<size_t>(c.n_layers);
   const size_t qkv_bias = c.qkv_bias ? 1 : 0, o_bias = c.o_bias ? 1 : 0;
   for (const LayerWeights& l : w.layers) {
-    ok = ok && l.attn_norm.size() == d && l.wq.size() == d * d && l.wk.size() == kv * d &&
-         l.wv.size() == kv * d && l.wo.size() == d * d && l.ffn_norm.size() == d &&
-         l.w1.size() == h * d && l.w2.size() == d * h && l.w3.size() == h * d &&
+    const LayerWeights::Quantized& q = l.quantized;
+    ok = ok && l.attn_norm.size() == d && matrix(l.wq, q.wq, d, d) && matrix(l.wk, q.wk, kv, d) &&
+         matrix(l.wv, q.wv, kv, d) && matrix(l.wo, q.wo, d, d) && l.ffn_norm.size() == d &&
+         matrix(l.w1, q.w1, h, d) && matrix(l.w2, q.w2, d, h) && matrix(l.w3, q.w3, h, d) &&
          l.bq.size() == qkv_bias * d && l.bk.size() == qkv_bias * kv &&
          l.bv.size() == qkv_bias * kv && l.bo.size() == o_bias * d;
   }

@@ -38,8 +38,9 @@ int64_t KvBlockBytes(const ModelConfig& config, int block_size, KvDtype dtype);
 
 // Checks a model's shape (positive sizes, heads dividing the width, an even
 // head size, a context of at most 2^20) and, when check_weights, that every
-// weight span has the size the shape implies, so that a mismatched loader
-// fails at start-up instead of reading out of bounds in a step.
+// weight span has the size the shape implies (or, for a matrix held
+// quantized, that its rows and columns do), so that a mismatched loader fails
+// at start-up instead of reading out of bounds in a step.
 absl::Status ValidateModel(const Model& model, bool check_weights);
 
 // One sequence's share of a step.

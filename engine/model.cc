@@ -18,6 +18,55 @@ int64_t ModelConfig::num_parameters() const {
   return v * d + n_layers * per_layer + d + (tied_classifier ? 0 : v * d);
 }
 
+const char* QuantTypeName(QuantType type) {
+  switch (type) {
+    case QuantType::kQ8_0:
+      return "Q8_0";
+    case QuantType::kQ4_0:
+      return "Q4_0";
+    case QuantType::kQ4_1:
+      return "Q4_1";
+    case QuantType::kQ4_K:
+      return "Q4_K";
+    case QuantType::kQ6_K:
+      return "Q6_K";
+  }
+  return "unknown";
+}
+
+int QuantBlockSize(QuantType type) {
+  return type == QuantType::kQ4_K || type == QuantType::kQ6_K ? 256 : 32;
+}
+
+int QuantBlockBytes(QuantType type) {
+  switch (type) {
+    case QuantType::kQ8_0:
+      return 34;
+    case QuantType::kQ4_0:
+      return 18;
+    case QuantType::kQ4_1:
+      return 20;
+    case QuantType::kQ4_K:
+      return 144;
+    case QuantType::kQ6_K:
+      return 210;
+  }
+  return 1;
+}
+
+bool HasQuantizedWeights(const ModelWeights& weights) {
+  if (!weights.quantized_token_embedding.empty() || !weights.quantized_classifier.empty()) {
+    return true;
+  }
+  for (const LayerWeights& l : weights.layers) {
+    const LayerWeights::Quantized& q = l.quantized;
+    for (const QuantizedMatrix* m : {&q.wq, &q.wk, &q.wv, &q.wo, &q.w1, &q.w2, &q.w3}) {
+      if (!m->empty()) return true;
+    }
+  }
+  return false;
+}
+
 std::vector<float> RopeInverseFrequencies(const ModelConfig& config) {
   const int head_dim = config.head_dim();
   std::vector<float> inv_freq(head_dim / 2);

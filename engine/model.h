@@ -68,6 +68,37 @@ struct ModelConfig {
 // they agree to the bit. Pair i of a head rotates by angle pos * inv_freq[i].
 std::vector<float> RopeInverseFrequencies(const ModelConfig& config);
 
+// The block types in which a weight matrix may stay as a quantized file
+// stores it, for a backend that computes with them directly (the CPU
+// backend: engine/cpu/quant_matmul.h). Each is ggml's block layout, byte for
+// byte (engine/model/gguf_quant.h describes them): `QuantBlockSize(type)`
+// consecutive elements of a row in `QuantBlockBytes(type)` bytes.
+//   Q8_0  32 elements: d (f16), 32 int8 q;             w = q * d
+//   Q4_0  32 elements: d (f16), 16 bytes of nibbles;   w = d * (q - 8)
+//   Q4_1  32 elements: d, m (f16), 16 bytes;           w = d * q + m
+//   Q4_K  256 elements: d, dmin (f16), 12 bytes of 6-bit scales and mins of
+//         8 sub-blocks, 128 bytes of nibbles;        w = (d * sc) * q - dmin * mn
+//   Q6_K  256 elements: 128 bytes of low nibbles, 64 of high 2-bit parts, 16
+//         int8 scales, d (f16);                       w = (d * sc) * (q - 32)
+enum class QuantType { kQ8_0, kQ4_0, kQ4_1, kQ4_K, kQ6_K };
+
+// "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K".
+const char* QuantTypeName(QuantType type);
+int QuantBlockSize(QuantType type);   // 32 or 256
+int QuantBlockBytes(QuantType type);  // 34, 18, 20, 144, 210
+
+// A [rows][cols] matrix in a quantized type: row r's cols / block size
+// blocks at data + r * row_bytes(). cols is a multiple of the block size.
+struct QuantizedMatrix {
+  QuantType type = QuantType::kQ8_0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const uint8_t* data = nullptr;
+
+  bool empty() const { return data == nullptr; }
+  int64_t row_bytes() const { return cols / QuantBlockSize(type) * QuantBlockBytes(type); }
+};
+
 // Views into one layer's weights. Rotary embeddings rotate interleaved pairs
 // (x[2i], x[2i+1]) of each head, as llama2.c does; loaders of other layouts
 // permute wq/wk rows into this one.
@@ -89,6 +120,13 @@ struct LayerWeights {
   std::span<const float> bk = {};  // [kv_dim]
   std::span<const float> bv = {};  // [kv_dim]
   std::span<const float> bo = {};  // [dim]
+  // A quantized file's matrices kept in their block types (ModelSpec::
+  // keep_quantized; only backends that say they take them get such a
+  // model). A matrix held here has an empty float span above.
+  struct Quantized {
+    QuantizedMatrix wq, wk, wv, wo, w1, w2, w3;
+  };
+  Quantized quantized = {};
 };
 
 struct ModelWeights {
@@ -96,7 +134,14 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;        // [n_layers]
   std::span<const float> final_norm;       // [dim]
   std::span<const float> classifier;       // [vocab_size, dim] (may alias token_embedding)
+  // As LayerWeights::quantized: the embedding and the classifier (the same
+  // matrix when tied) kept quantized, their float spans then empty.
+  QuantizedMatrix quantized_token_embedding = {};
+  QuantizedMatrix quantized_classifier = {};
 };
+
+// Whether any matrix of `weights` is held quantized.
+bool HasQuantizedWeights(const ModelWeights& weights);
 
 // A loaded model. The spans in `weights` point into `storage`, which the Model
 // owns (a heap buffer or a memory mapping), so a Model is movable but the

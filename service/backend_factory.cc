@@ -154,6 +154,12 @@ absl::StatusOr<engine::CudaBackendOptions> CudaOptions(const ServerOptions& opti
   return out;
 }
 
+bool KeepQuantizedWeights(const ServerOptions& options) {
+  if (options.device == Device::kCpu) return true;
+  std::string why_not;
+  return options.device == Device::kAuto && !engine::CudaDeviceUsable(&why_not);
+}
+
 absl::StatusOr<std::unique_ptr<engine::Backend>> CreateBackend(
     const ServerOptions& options, std::shared_ptr<const engine::Model> model,
     std::span<const int32_t> eos_ids) {

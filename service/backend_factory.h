@@ -59,6 +59,12 @@ struct BackendPlan {
 absl::StatusOr<BackendPlan> PlanBackend(const ServerOptions& options, bool cuda_usable,
                                         const std::string& cuda_why_not);
 
+// Whether the model should keep a quantized file's matrices in their block
+// types (engine::ModelSpec::keep_quantized): when it will run on the CPU
+// (--device=cpu, or auto without a usable GPU), which computes with them
+// directly. The CUDA backend takes float weights.
+bool KeepQuantizedWeights(const ServerOptions& options);
+
 // The CPU backend's options: --kv_cache_memory against `physical_memory_bytes`,
 // in blocks of --kv_cache_dtype (auto: fp32).
 absl::StatusOr<engine::CpuBackendOptions> CpuOptions(const ServerOptions& options,

@@ -61,7 +61,8 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
   absl::StatusOr<engine::LoadedModel> loaded =
       engine::LoadModel({.model = options.model,
                          .tokenizer = options.tokenizer,
-                         .chat_template = options.chat_template});
+                         .chat_template = options.chat_template,
+                         .keep_quantized = KeepQuantizedWeights(options)});
   if (!loaded.ok()) {
     Log(LogLevel::kError, absl::StrCat("cannot load the model: ", loaded.status().message()));
     return nullptr;

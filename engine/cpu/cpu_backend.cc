@@ -7,14 +7,17 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/kv_quant.h"
+#include "engine/cpu/quant_matmul.h"
 #include "engine/cpu/thread_pool.h"
 #include "engine/simd.h"
 
@@ -66,11 +69,70 @@ void AddBias(std::span<const float> bias, int num_rows, float* rows) {
   }
 }
 
+// A weight matrix as the backend reads it: the model's float32, or its
+// quantized blocks laid out as panels (cpu/quant_matmul.h).
+struct Matrix {
+  const float* f = nullptr;
+  const cpu::PackedMatrix* q = nullptr;
+};
+
+// The model's quantized matrices laid out as panels; a tied classifier
+// shares the embedding's.
+struct PackedWeights {
+  struct Layer {
+    std::unique_ptr<cpu::PackedMatrix> wq, wk, wv, wo, w1, w2, w3;
+  };
+  std::vector<Layer> layers;
+  std::unique_ptr<cpu::PackedMatrix> token_embedding, classifier;
+  int64_t bytes = 0;     // of the panels
+  int64_t elements = 0;  // weights they hold
+  std::string types;  // "Q8_0, Q4_1": the types held, for Describe()
+};
+
+absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> PackIf(const QuantizedMatrix& m,
+                                                          PackedWeights& out) {
+  if (m.empty()) return nullptr;
+  absl::StatusOr<cpu::PackedMatrix> packed = cpu::PackedMatrix::Pack(m);
+  if (!packed.ok()) return packed.status();
+  out.bytes += packed->bytes();
+  out.elements += m.rows * m.cols;
+  const std::string name = QuantTypeName(m.type);
+  if (out.types.find(name) == std::string::npos) {
+    absl::StrAppend(&out.types, out.types.empty() ? "" : ", ", name);
+  }
+  return std::make_unique<cpu::PackedMatrix>(*std::move(packed));
+}
+
+absl::StatusOr<PackedWeights> PackWeights(const ModelWeights& w) {
+  PackedWeights out;
+  for (const LayerWeights& l : w.layers) {
+    PackedWeights::Layer& p = out.layers.emplace_back();
+    const LayerWeights::Quantized& q = l.quantized;
+    for (auto [from, to] : {std::pair{&q.wq, &p.wq}, {&q.wk, &p.wk}, {&q.wv, &p.wv},
+                            {&q.wo, &p.wo}, {&q.w1, &p.w1}, {&q.w2, &p.w2}, {&q.w3, &p.w3}}) {
+      absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> packed = PackIf(*from, out);
+      if (!packed.ok()) return packed.status();
+      *to = *std::move(packed);
+    }
+  }
+  absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> embedding =
+      PackIf(w.quantized_token_embedding, out);
+  if (!embedding.ok()) return embedding.status();
+  out.token_embedding = *std::move(embedding);
+  if (w.quantized_classifier.data != w.quantized_token_embedding.data) {
+    absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> classifier =
+        PackIf(w.quantized_classifier, out);
+    if (!classifier.ok()) return classifier.status();
+    out.classifier = *std::move(classifier);
+  }
+  return out;
+}
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend(std::shared_ptr<const Model> model, const KvCacheConfig& kv, int threads,
              std::unique_ptr<unsigned char[], FreeDeleter> cache,
-             std::unique_ptr<float[], FreeDeleter> scales)
+             std::unique_ptr<float[], FreeDeleter> scales, PackedWeights packed)
       : model_(std::move(model)),
         c_(model_->config),
         kv_(kv),
@@ -78,7 +140,8 @@ class CpuBackend final : public Backend {
         cache_(std::move(cache)),
         scales_(std::move(scales)),
         block_owner_(kv.num_blocks, -1),
-        scores_(static_cast<size_t>(pool_.size()) * c_.max_seq_len) {
+        scores_(static_cast<size_t>(pool_.size()) * c_.max_seq_len),
+        packed_(std::move(packed)) {
     // RoPE angles as run.c computes them, in float, one row per position:
     // angle = pos * inv_freq[i], inv_freq from the (possibly scaled) theta.
     const int half = c_.head_dim() / 2;
@@ -98,10 +161,20 @@ class CpuBackend final : public Backend {
   const ModelConfig& config() const override { return c_; }
   const KvCacheConfig& kv_cache() const override { return kv_; }
   std::string_view name() const override { return "cpu"; }
-  // "cpu" as ever with a float32 KV cache; otherwise it names the cache's type.
+  // The float32 parameters' bytes, and the quantized matrices' panels.
+  int64_t weight_bytes() const override {
+    return (c_.num_parameters() - packed_.elements) * static_cast<int64_t>(sizeof(float)) +
+           packed_.bytes;
+  }
+  // "cpu" as ever with float32 weights and KV cache; otherwise it names
+  // the weights' and the cache's types.
   std::string Describe() const override {
-    if (kv_.dtype == KvDtype::kFp32) return "cpu";
-    return absl::StrCat("cpu: fp32 weights, KV cache ", KvDtypeName(kv_.dtype),
+    const std::string weights =
+        packed_.types.empty()
+            ? "fp32 weights"
+            : absl::StrCat(packed_.types, " weights (", packed_.bytes / 1e6, " MB; the rest fp32)");
+    if (kv_.dtype == KvDtype::kFp32 && packed_.types.empty()) return "cpu";
+    return absl::StrCat("cpu: ", weights, ", KV cache ", KvDtypeName(kv_.dtype),
                         kv_.dtype == KvDtype::kInt8 ? " (a scale per token and KV head)" : "");
   }
   BackendCapabilities capabilities() const override {
@@ -151,6 +224,18 @@ class CpuBackend final : public Backend {
   void Attention(const StepBatch& batch, int layer);
   template <typename T>
   void AttentionOver(const StepBatch& batch, int layer);
+  // y = x W^T for the m rows of x: W [n][k], float32 or quantized.
+  void Apply(const Matrix& w, const float* x, int64_t ldx, int m, int n, int k, float* y,
+             int64_t ldy) {
+    if (w.q != nullptr) {
+      cpu::QuantMatmul(pool_, x, ldx, m, *w.q, y, ldy);
+    } else {
+      cpu::Matmul(pool_, x, ldx, m, w.f, n, k, y, ldy);
+    }
+  }
+  static Matrix Of(std::span<const float> f, const std::unique_ptr<cpu::PackedMatrix>& q) {
+    return {f.data(), q.get()};
+  }
 
   const std::shared_ptr<const Model> model_;
   const ModelConfig& c_;
@@ -183,6 +268,7 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> seq_;          // [num_tokens] sequence of each token
   std::vector<int32_t> block_owner_;  // [num_blocks] validation: sequence writing it, or -1
   std::vector<float> scores_;         // [threads, max_seq_len] attention weights per worker
+  const PackedWeights packed_;        // the quantized matrices, as panels
 };
 
 // ---------------------------------------------------------------------------
@@ -332,22 +418,27 @@ absl::Status CpuBackend::Step(const StepBatch& batch, std::span<float> logits) {
     for (int i = 0; i < batch.seqs[s].num_tokens; ++i, ++t) {
       pos_[t] = batch.seqs[s].start_pos + i;
       seq_[t] = s;
-      std::memcpy(&x_[static_cast<size_t>(t) * dim],
-                  &w.token_embedding[static_cast<size_t>(batch.tokens[t]) * dim],
-                  sizeof(float) * dim);
+      if (packed_.token_embedding != nullptr) {
+        packed_.token_embedding->DequantizeRow(batch.tokens[t], &x_[static_cast<size_t>(t) * dim]);
+      } else {
+        std::memcpy(&x_[static_cast<size_t>(t) * dim],
+                    &w.token_embedding[static_cast<size_t>(batch.tokens[t]) * dim],
+                    sizeof(float) * dim);
+      }
     }
   }
 
   for (int l = 0; l < c_.n_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
+    const PackedWeights::Layer& pl = packed_.layers[l];
     // 2. Attention block: RMSNorm, Q/K/V projections over all rows at once.
     for (int t = 0; t < num_tokens; ++t) {
       cpu::RmsNorm(&x_[static_cast<size_t>(t) * dim], lw.attn_norm.data(), dim, eps,
                    &xb_[static_cast<size_t>(t) * dim]);
     }
-    cpu::Matmul(pool_, xb_.data(), dim, num_tokens, lw.wq.data(), dim, dim, q_.data(), dim);
-    cpu::Matmul(pool_, xb_.data(), dim, num_tokens, lw.wk.data(), kv_dim, dim, k_.data(), kv_dim);
-    cpu::Matmul(pool_, xb_.data(), dim, num_tokens, lw.wv.data(), kv_dim, dim, v_.data(), kv_dim);
+    Apply(Of(lw.wq, pl.wq), xb_.data(), dim, num_tokens, dim, dim, q_.data(), dim);
+    Apply(Of(lw.wk, pl.wk), xb_.data(), dim, num_tokens, kv_dim, dim, k_.data(), kv_dim);
+    Apply(Of(lw.wv, pl.wv), xb_.data(), dim, num_tokens, kv_dim, dim, v_.data(), kv_dim);
     if (c_.qkv_bias) {
       AddBias(lw.bq, num_tokens, q_.data());
       AddBias(lw.bk, num_tokens, k_.data());
@@ -397,7 +488,7 @@ absl::Status CpuBackend::Step(const StepBatch& batch, std::span<float> logits) {
     // 4. Attention over each token's own sequence, output projection,
     //    residual.
     Attention(batch, l);
-    cpu::Matmul(pool_, att_.data(), dim, num_tokens, lw.wo.data(), dim, dim, xb_.data(), dim);
+    Apply(Of(lw.wo, pl.wo), att_.data(), dim, num_tokens, dim, dim, xb_.data(), dim);
     if (c_.o_bias) AddBias(lw.bo, num_tokens, xb_.data());
     for (size_t i = 0; i < static_cast<size_t>(num_tokens) * dim; ++i) x_[i] += xb_[i];
 
@@ -406,13 +497,13 @@ absl::Status CpuBackend::Step(const StepBatch& batch, std::span<float> logits) {
       cpu::RmsNorm(&x_[static_cast<size_t>(t) * dim], lw.ffn_norm.data(), dim, eps,
                    &xb_[static_cast<size_t>(t) * dim]);
     }
-    cpu::Matmul(pool_, xb_.data(), dim, num_tokens, lw.w1.data(), hidden, dim, hb_.data(), hidden);
-    cpu::Matmul(pool_, xb_.data(), dim, num_tokens, lw.w3.data(), hidden, dim, hb2_.data(), hidden);
+    Apply(Of(lw.w1, pl.w1), xb_.data(), dim, num_tokens, hidden, dim, hb_.data(), hidden);
+    Apply(Of(lw.w3, pl.w3), xb_.data(), dim, num_tokens, hidden, dim, hb2_.data(), hidden);
     for (size_t i = 0; i < static_cast<size_t>(num_tokens) * hidden; ++i) {
       const float g = hb_[i];
       hb_[i] = g * (1.0f / (1.0f + std::exp(-g))) * hb2_[i];
     }
-    cpu::Matmul(pool_, hb_.data(), hidden, num_tokens, lw.w2.data(), dim, hidden, xb_.data(), dim);
+    Apply(Of(lw.w2, pl.w2), hb_.data(), hidden, num_tokens, dim, hidden, xb_.data(), dim);
     for (size_t i = 0; i < static_cast<size_t>(num_tokens) * dim; ++i) x_[i] += xb_[i];
   }
 
@@ -427,8 +518,13 @@ absl::Status CpuBackend::Step(const StepBatch& batch, std::span<float> logits) {
     }
     t += n;
   }
-  cpu::Matmul(pool_, last_.data(), dim, rows, w.classifier.data(), c_.vocab_size, dim,
-              logits.data(), c_.vocab_size);
+  // A quantized classifier tied to the embedding is the embedding's panels.
+  const cpu::PackedMatrix* classifier =
+      w.quantized_classifier.empty()
+          ? nullptr
+          : (packed_.classifier != nullptr ? packed_.classifier : packed_.token_embedding).get();
+  Apply({w.classifier.data(), classifier}, last_.data(), dim, rows, c_.vocab_size, dim,
+        logits.data(), c_.vocab_size);
   return absl::OkStatus();
 }
 
@@ -477,8 +573,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::shared_ptr<const 
         absl::StrCat("cannot allocate ", KvBlockBytes(c, kv.block_size, kv.dtype) * kv.num_blocks,
                      " bytes for ", kv.num_blocks, " KV blocks of ", KvDtypeName(kv.dtype)));
   }
-  return std::unique_ptr<Backend>(
-      new CpuBackend(std::move(model), kv, threads, std::move(cache), std::move(scales)));
+  absl::StatusOr<PackedWeights> packed = PackWeights(model->weights);
+  if (!packed.ok()) return packed.status();
+  return std::unique_ptr<Backend>(new CpuBackend(std::move(model), kv, threads, std::move(cache),
+                                                 std::move(scales), *std::move(packed)));
 }
 
 }  // namespace coalesce::engine

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "engine/cpu/matmul_panels.h"
+#include "engine/cpu/quant_panels.h"
 #include "engine/simd.h"
 
 namespace coalesce::engine::cpu {
@@ -116,6 +117,11 @@ MatmulPanelsFn ChosenKernel(MatmulIsa isa) {
 void MatmulPanelsAvx2(const float* x, int64_t ldx, int m, const float* w, int n, int j0, int j1,
                       int k, float* y, int64_t ldy) {
   MatmulPanelsWith<Avx2Kernel>(x, ldx, m, w, n, j0, j1, k, y, ldy);
+}
+
+void QuantMatmulPanelsAvx2(const float* x, int64_t ldx, int m, const PackedMatrix& w, int p0,
+                         int p1, float* y, int64_t ldy) {
+  QuantMatmulPanelsWith<Avx2Kernel>(x, ldx, m, w, p0, p1, y, ldy);
 }
 
 MatmulIsa BestMatmulIsa() {

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "engine/cpu/matmul_panels.h"
+#include "engine/cpu/quant_panels.h"
 
 namespace coalesce::engine::cpu {
 namespace {
@@ -186,6 +187,11 @@ void MatmulTokensAvx512(const float* xt, int64_t ldxt, int m, const float* w, in
 void MatmulPanelsAvx512(const float* x, int64_t ldx, int m, const float* w, int n, int j0, int j1,
                         int k, float* y, int64_t ldy) {
   MatmulPanelsWith<Avx512Kernel>(x, ldx, m, w, n, j0, j1, k, y, ldy);
+}
+
+void QuantMatmulPanelsAvx512(const float* x, int64_t ldx, int m, const PackedMatrix& w, int p0,
+                         int p1, float* y, int64_t ldy) {
+  QuantMatmulPanelsWith<Avx512Kernel>(x, ldx, m, w, p0, p1, y, ldy);
 }
 
 }  // namespace coalesce::engine::cpu

@@ -749,6 +749,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(std::shared_ptr<const
   if (model == nullptr) return absl::InvalidArgumentError("CreateCudaBackend: no model");
   if (absl::Status s = ValidateModel(*model, !options.random_weights); !s.ok()) return s;
   const ModelConfig& c = model->config;
+  if (HasQuantizedWeights(model->weights)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", c.name, ": the CUDA backend takes float weights; load the model "
+                     "without keep_quantized (its weights then dequantized)"));
+  }
   if (c.head_dim() > cuda::kMaxHeadDim || c.n_heads / c.n_kv_heads > cuda::kMaxGqaRatio) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model ", c.name, ": head size ", c.head_dim(), " and ", c.n_heads / c.n_kv_heads,

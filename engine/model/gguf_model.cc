@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -240,7 +241,34 @@ struct PlannedTensor {
   // h*head_dim + a*half + i holds component a of pair i) and are stored
   // interleaved (row h*head_dim + 2i + a), the order the backends rotate.
   int rope_heads;
-  int64_t offset;  // into the float32 buffer, in floats
+  int64_t offset;  // into the float32 buffer, in floats; or, when quantized, bytes
+  // Kept in its block type (GgufLoadOptions::keep_quantized) in the byte
+  // buffer, rows in the same order as the float ones would be.
+  std::optional<QuantType> quantized = std::nullopt;
+};
+
+// The block types that may stay quantized (model.h), by ggml type.
+std::optional<QuantType> KeepableType(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ8_0:
+      return QuantType::kQ8_0;
+    case GgmlType::kQ4_0:
+      return QuantType::kQ4_0;
+    case GgmlType::kQ4_1:
+      return QuantType::kQ4_1;
+    case GgmlType::kQ4_K:
+      return QuantType::kQ4_K;
+    case GgmlType::kQ6_K:
+      return QuantType::kQ6_K;
+    default:
+      return std::nullopt;
+  }
+}
+
+// The buffers a loaded model's weight views point into.
+struct GgufStorage {
+  std::unique_ptr<float[]> floats;
+  std::unique_ptr<uint8_t[]> bytes;
 };
 
 // Checks each tensor the model needs against the file (present, the shape
@@ -248,16 +276,26 @@ struct PlannedTensor {
 // float32 buffer; then fills the buffer.
 class TensorPlan {
  public:
-  explicit TensorPlan(const GgufFile& file) : file_(file) {}
+  TensorPlan(const GgufFile& file, bool keep_quantized)
+      : file_(file), keep_quantized_(keep_quantized) {}
 
   // The tensor `name`, which must have `dims` (ggml order: innermost first,
-  // so a [out][in] matrix is {in, out}). Returns its index for Span().
+  // so a [out][in] matrix is {in, out}). Returns its index for Span() or,
+  // for a `matrix` kept in its block type, Matrix().
   absl::StatusOr<size_t> Add(const std::string& name, std::vector<int64_t> dims,
-                             int rope_heads = 0) {
+                             int rope_heads = 0, bool matrix = false) {
     ASSIGN_OR_RETURN(const GgufTensor* t, Check(name, dims));
-    planned_.push_back({t, rope_heads, total_});
     names_.insert(t->name);
-    total_ += t->num_elements;
+    const std::optional<QuantType> keep =
+        keep_quantized_ && matrix && t->dims.size() == 2 ? KeepableType(t->type) : std::nullopt;
+    if (keep.has_value()) {
+      ASSIGN_OR_RETURN(const int64_t row_bytes, GgmlRowBytes(t->type, t->dims[0]));
+      planned_.push_back({t, rope_heads, total_bytes_, keep});
+      total_bytes_ += row_bytes * t->dims[1];
+    } else {
+      planned_.push_back({t, rope_heads, total_});
+      total_ += t->num_elements;
+    }
     return planned_.size() - 1;
   }
 
@@ -283,14 +321,17 @@ class TensorPlan {
   }
 
   int64_t total_floats() const { return total_; }
+  int64_t total_quantized_bytes() const { return total_bytes_; }
 
-  // Allocates the buffer and dequantizes every planned tensor into it, over
-  // up to `threads` threads.
+  // Allocates the buffers and dequantizes (or copies) every planned tensor
+  // into them, over up to `threads` threads.
   absl::Status Fill(int threads) {
     buffer_.reset(new (std::nothrow) float[std::max<int64_t>(total_, 1)]);
-    if (buffer_ == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          file_.path(), ": cannot allocate ", total_ * 4 / 1e9, " GB for the float32 weights"));
+    bytes_.reset(new (std::nothrow) uint8_t[std::max<int64_t>(total_bytes_, 1)]);
+    if (buffer_ == nullptr || bytes_ == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(file_.path(), ": cannot allocate ", (total_ * 4 + total_bytes_) / 1e9,
+                       " GB for the weights"));
     }
     // Jobs of about a million elements, whole rows each, so that one large
     // tensor (the embedding) spreads over the threads too.
@@ -325,15 +366,29 @@ class TensorPlan {
     return status;
   }
 
+  // A tensor planned in float32 (empty for one kept quantized).
   std::span<const float> Span(size_t index) const {
     const PlannedTensor& p = planned_[index];
+    if (p.quantized.has_value()) return {};
     return {buffer_.get() + p.offset, static_cast<size_t>(p.tensor->num_elements)};
   }
 
-  // The buffer, for the Model to own.
-  std::shared_ptr<const void> TakeBuffer() {
-    return std::shared_ptr<const void>(
-        buffer_.release(), [](const void* p) { delete[] static_cast<const float*>(p); });
+  // A matrix kept in its block type (empty for one planned in float32).
+  QuantizedMatrix Matrix(size_t index) const {
+    const PlannedTensor& p = planned_[index];
+    if (!p.quantized.has_value()) return {};
+    return {.type = *p.quantized,
+            .rows = p.tensor->dims[1],
+            .cols = p.tensor->dims[0],
+            .data = bytes_.get() + p.offset};
+  }
+
+  // The buffers, for the Model to own.
+  std::shared_ptr<const void> TakeBuffers() {
+    auto storage = std::make_shared<GgufStorage>();
+    storage->floats = std::move(buffer_);
+    storage->bytes = std::move(bytes_);
+    return storage;
   }
 
  private:
@@ -374,6 +429,17 @@ class TensorPlan {
   absl::Status FillRows(const PlannedTensor& p, int64_t begin, int64_t end) const {
     const GgufTensor& t = *p.tensor;
     const int64_t cols = t.dims.empty() ? 1 : t.dims[0];
+    if (p.quantized.has_value()) {
+      // Whole rows of blocks, copied (and permuted as the float rows are).
+      ASSIGN_OR_RETURN(const int64_t row_bytes, GgmlRowBytes(t.type, cols));
+      const int64_t head_dim = p.rope_heads > 0 ? t.dims[1] / p.rope_heads : 0;
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t src = p.rope_heads > 0 ? RopeSourceRow(r, head_dim) : r;
+        std::memcpy(bytes_.get() + p.offset + r * row_bytes, t.data + src * row_bytes,
+                    static_cast<size_t>(row_bytes));
+      }
+      return absl::OkStatus();
+    }
     float* dst = buffer_.get() + p.offset;
     if (p.rope_heads == 0) {
       return Dequantize(t, begin * cols, (end - begin) * cols, dst + begin * cols);
@@ -405,8 +471,11 @@ class TensorPlan {
   const GgufFile& file_;
   std::vector<PlannedTensor> planned_;
   absl::flat_hash_set<std::string_view> names_;  // views of the file's tensor names
-  int64_t total_ = 0;
+  const bool keep_quantized_;
+  int64_t total_ = 0;        // floats
+  int64_t total_bytes_ = 0;  // bytes of the matrices kept quantized
   std::unique_ptr<float[]> buffer_;
+  std::unique_ptr<uint8_t[]> bytes_;
 };
 
 // Indices into the plan of one block's tensors.
@@ -415,7 +484,8 @@ struct LayerSlots {
   size_t bq = 0, bk = 0, bv = 0;  // with qkv_bias
 };
 
-absl::StatusOr<Model> Load(const GgufFile& file, GgufLoadReport* report) {
+absl::StatusOr<Model> Load(const GgufFile& file, const GgufLoadOptions& options,
+                           GgufLoadReport* report) {
   const Metadata m(file);
   ASSIGN_OR_RETURN(const Arch arch, ParseArch(m));
   ASSIGN_OR_RETURN(const std::optional<std::string_view> chat_template,
@@ -435,13 +505,15 @@ absl::StatusOr<Model> Load(const GgufFile& file, GgufLoadReport* report) {
   const int q_heads = arch == Arch::kQwen2 ? c.n_heads : 0;
   const int k_heads = arch == Arch::kQwen2 ? c.n_kv_heads : 0;
   const int64_t d = c.dim, h = c.hidden_dim, kv = c.kv_dim(), v = c.vocab_size;
-  TensorPlan plan(file);
-  ASSIGN_OR_RETURN(const size_t token_embedding, plan.Add("token_embd.weight", {d, v}));
+  TensorPlan plan(file, options.keep_quantized);
+  constexpr bool kMatrix = true;
+  ASSIGN_OR_RETURN(const size_t token_embedding,
+                   plan.Add("token_embd.weight", {d, v}, 0, kMatrix));
   ASSIGN_OR_RETURN(const size_t final_norm, plan.Add("output_norm.weight", {d}));
   std::optional<size_t> classifier;
   c.tied_classifier = file.FindTensor("output.weight") == nullptr;
   if (!c.tied_classifier) {
-    ASSIGN_OR_RETURN(classifier, plan.Add("output.weight", {d, v}));
+    ASSIGN_OR_RETURN(classifier, plan.Add("output.weight", {d, v}, 0, kMatrix));
   }
   // Blocks are added as their tensors are found: the metadata may claim two
   // billion of them, and only the tensors can show it wrong.
@@ -450,19 +522,19 @@ absl::StatusOr<Model> Load(const GgufFile& file, GgufLoadReport* report) {
     const std::string b = absl::StrCat("blk.", l, ".");
     LayerSlots& s = layers.emplace_back();
     ASSIGN_OR_RETURN(s.attn_norm, plan.Add(b + "attn_norm.weight", {d}));
-    ASSIGN_OR_RETURN(s.wq, plan.Add(b + "attn_q.weight", {d, d}, q_heads));
-    ASSIGN_OR_RETURN(s.wk, plan.Add(b + "attn_k.weight", {d, kv}, k_heads));
-    ASSIGN_OR_RETURN(s.wv, plan.Add(b + "attn_v.weight", {d, kv}));
-    ASSIGN_OR_RETURN(s.wo, plan.Add(b + "attn_output.weight", {d, d}));
+    ASSIGN_OR_RETURN(s.wq, plan.Add(b + "attn_q.weight", {d, d}, q_heads, kMatrix));
+    ASSIGN_OR_RETURN(s.wk, plan.Add(b + "attn_k.weight", {d, kv}, k_heads, kMatrix));
+    ASSIGN_OR_RETURN(s.wv, plan.Add(b + "attn_v.weight", {d, kv}, 0, kMatrix));
+    ASSIGN_OR_RETURN(s.wo, plan.Add(b + "attn_output.weight", {d, d}, 0, kMatrix));
     if (c.qkv_bias) {
       ASSIGN_OR_RETURN(s.bq, plan.Add(b + "attn_q.bias", {d}, q_heads));
       ASSIGN_OR_RETURN(s.bk, plan.Add(b + "attn_k.bias", {kv}, k_heads));
       ASSIGN_OR_RETURN(s.bv, plan.Add(b + "attn_v.bias", {kv}));
     }
     ASSIGN_OR_RETURN(s.ffn_norm, plan.Add(b + "ffn_norm.weight", {d}));
-    ASSIGN_OR_RETURN(s.w1, plan.Add(b + "ffn_gate.weight", {d, h}));
-    ASSIGN_OR_RETURN(s.w3, plan.Add(b + "ffn_up.weight", {d, h}));
-    ASSIGN_OR_RETURN(s.w2, plan.Add(b + "ffn_down.weight", {h, d}));
+    ASSIGN_OR_RETURN(s.w1, plan.Add(b + "ffn_gate.weight", {d, h}, 0, kMatrix));
+    ASSIGN_OR_RETURN(s.w3, plan.Add(b + "ffn_up.weight", {d, h}, 0, kMatrix));
+    ASSIGN_OR_RETURN(s.w2, plan.Add(b + "ffn_down.weight", {h, d}, 0, kMatrix));
   }
   // Llama 3.1's RoPE frequency factors (llama.cpp reads them for llama only).
   if (arch == Arch::kLlama && file.FindTensor("rope_freqs.weight") != nullptr) {
@@ -483,8 +555,10 @@ absl::StatusOr<Model> Load(const GgufFile& file, GgufLoadReport* report) {
   RETURN_IF_ERROR(plan.Fill(static_cast<int>(std::clamp(cores, 1u, 32u))));
   ModelWeights& w = model.weights;
   w.token_embedding = plan.Span(token_embedding);
+  w.quantized_token_embedding = plan.Matrix(token_embedding);
   w.final_norm = plan.Span(final_norm);
   w.classifier = classifier ? plan.Span(*classifier) : w.token_embedding;
+  w.quantized_classifier = classifier ? plan.Matrix(*classifier) : w.quantized_token_embedding;
   w.layers.resize(layers.size());
   for (size_t l = 0; l < layers.size(); ++l) {
     const LayerSlots& s = layers[l];
@@ -498,17 +572,26 @@ absl::StatusOr<Model> Load(const GgufFile& file, GgufLoadReport* report) {
     lw.w1 = plan.Span(s.w1);
     lw.w2 = plan.Span(s.w2);
     lw.w3 = plan.Span(s.w3);
+    lw.quantized = {.wq = plan.Matrix(s.wq),
+                    .wk = plan.Matrix(s.wk),
+                    .wv = plan.Matrix(s.wv),
+                    .wo = plan.Matrix(s.wo),
+                    .w1 = plan.Matrix(s.w1),
+                    .w2 = plan.Matrix(s.w2),
+                    .w3 = plan.Matrix(s.w3)};
     if (c.qkv_bias) {
       lw.bq = plan.Span(s.bq);
       lw.bk = plan.Span(s.bk);
       lw.bv = plan.Span(s.bv);
     }
   }
-  model.storage = plan.TakeBuffer();
+  model.storage = plan.TakeBuffers();
 
   if (report != nullptr) {
     report->file_bytes = static_cast<int64_t>(file.file_size());
-    report->weight_bytes = plan.total_floats() * static_cast<int64_t>(sizeof(float));
+    report->weight_bytes =
+        plan.total_floats() * static_cast<int64_t>(sizeof(float)) + plan.total_quantized_bytes();
+    report->quantized_bytes = plan.total_quantized_bytes();
     report->tensors_by_type.clear();
     for (const GgufTensor& t : file.tensors()) ++report->tensors_by_type[GgmlTypeName(t.type)];
     report->chat_template = chat_template ? std::string(*chat_template) : "";
@@ -518,9 +601,10 @@ absl::StatusOr<Model> Load(const GgufFile& file, GgufLoadReport* report) {
 
 }  // namespace
 
-absl::StatusOr<Model> LoadGgufModel(const std::string& path, GgufLoadReport* report) {
+absl::StatusOr<Model> LoadGgufModel(const std::string& path, GgufLoadReport* report,
+                                    const GgufLoadOptions& options) {
   ASSIGN_OR_RETURN(const GgufFile file, GgufFile::Open(path));
-  return Load(file, report);
+  return Load(file, options, report);
 }
 
 bool IsGgufFile(const std::string& path) {

@@ -2,6 +2,8 @@
 // Mistral, TinyLlama, SmolLM) and "qwen2", every tensor dequantized at load
 // to float32 (engine/model/gguf_quant.h), which every backend reads; the CUDA
 // backend converts that to its own precision when it uploads the weights.
+// With GgufLoadOptions::keep_quantized, matrices in the block types the CPU
+// backend computes with stay as the file stores them.
 //
 // The metadata under "{arch}." gives the shape: block_count,
 // embedding_length, feed_forward_length, attention.head_count,
@@ -40,10 +42,19 @@ namespace coalesce::engine {
 // What loading did, for the caller to log.
 struct GgufLoadReport {
   int64_t file_bytes = 0;
-  int64_t weight_bytes = 0;  // the float32 weights in memory
+  int64_t weight_bytes = 0;     // the weights in memory (float32 and quantized)
+  int64_t quantized_bytes = 0;  // of which matrices kept in their block types
   // Tensor type name ("Q4_1", "F32") -> how many tensors of it the file has.
   std::map<std::string, int> tensors_by_type;
   std::string chat_template;  // tokenizer.chat_template, "" when absent
+};
+
+struct GgufLoadOptions {
+  // Matrices of the types a backend can compute with directly (QuantType in
+  // model.h: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) stay in their blocks
+  // (LayerWeights::quantized) instead of being dequantized; every other
+  // tensor is float32 as without it.
+  bool keep_quantized = false;
 };
 
 // Loads the model in `path`. Hyper-parameters, RoPE settings and context
@@ -51,7 +62,8 @@ struct GgufLoadReport {
 // type, RoPE scaling) or inconsistent (a missing tensor, a shape that does not
 // match the metadata) is an error naming the file, the key or tensor, and the
 // value.
-absl::StatusOr<Model> LoadGgufModel(const std::string& path, GgufLoadReport* report = nullptr);
+absl::StatusOr<Model> LoadGgufModel(const std::string& path, GgufLoadReport* report = nullptr,
+                                    const GgufLoadOptions& options = {});
 
 // Whether `path` starts with the GGUF magic ("GGUF").
 bool IsGgufFile(const std::string& path);

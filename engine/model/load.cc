@@ -87,16 +87,28 @@ std::string DescribeTensorTypes(const std::map<std::string, int>& counts) {
   return out;
 }
 
-// The weights, dequantized, and the tokenizer the metadata describes (or the
-// tokenizer.json / tokenizer.bin given instead).
-absl::StatusOr<LoadedModel> LoadGguf(const std::string& path, const std::string& tokenizer_path) {
+// The weights, dequantized (or, with keep_quantized, the matrices a backend
+// can compute with kept in their blocks), and the tokenizer the metadata
+// describes (or the tokenizer.json / tokenizer.bin given instead).
+absl::StatusOr<LoadedModel> LoadGguf(const std::string& path, const std::string& tokenizer_path,
+                                     bool keep_quantized) {
   LoadedModel out;
   GgufLoadReport report;
-  ASSIGN_OR_RETURN(Model model, LoadGgufModel(path, &report));
-  LogF(LogLevel::kInfo,
-       "%s: GGUF, %.1f MB (%s tensors), dequantized to float32 at load: %.1f MB of weights",
-       path.c_str(), report.file_bytes / 1e6, DescribeTensorTypes(report.tensors_by_type).c_str(),
-       report.weight_bytes / 1e6);
+  ASSIGN_OR_RETURN(Model model,
+                   LoadGgufModel(path, &report, {.keep_quantized = keep_quantized}));
+  if (report.quantized_bytes > 0) {
+    LogF(LogLevel::kInfo,
+         "%s: GGUF, %.1f MB (%s tensors): %.1f MB of weights, of which %.1f MB of matrices kept "
+         "in their block types, the rest float32",
+         path.c_str(), report.file_bytes / 1e6,
+         DescribeTensorTypes(report.tensors_by_type).c_str(), report.weight_bytes / 1e6,
+         report.quantized_bytes / 1e6);
+  } else {
+    LogF(LogLevel::kInfo,
+         "%s: GGUF, %.1f MB (%s tensors), dequantized to float32 at load: %.1f MB of weights",
+         path.c_str(), report.file_bytes / 1e6,
+         DescribeTensorTypes(report.tensors_by_type).c_str(), report.weight_bytes / 1e6);
+  }
   out.chat_template = std::move(report.chat_template);
   if (!tokenizer_path.empty() && absl::EndsWith(tokenizer_path, ".bin")) {
     ASSIGN_OR_RETURN(out.tokenizer, LoadLlama2cTokenizer(tokenizer_path, model.config.vocab_size));
@@ -149,7 +161,7 @@ absl::StatusOr<LoadedModel> LoadLlama2c(const std::string& checkpoint,
 absl::StatusOr<LoadedModel> LoadFormat(const ModelSpec& spec) {
   if (absl::StartsWith(spec.model, "synthetic:")) return LoadSynthetic(spec.model);
   if (std::filesystem::is_directory(spec.model)) return LoadHfFolder(spec.model, spec.tokenizer);
-  if (IsGgufFile(spec.model)) return LoadGguf(spec.model, spec.tokenizer);
+  if (IsGgufFile(spec.model)) return LoadGguf(spec.model, spec.tokenizer, spec.keep_quantized);
   return LoadLlama2c(spec.model, spec.tokenizer);
 }
 

@@ -23,6 +23,10 @@ struct ModelSpec {
   // A file holding a chat template (Jinja) that overrides the model's own;
   // empty for the model's.
   std::string chat_template = {};
+  // A GGUF file's matrices in Q8_0, Q4_0, Q4_1, Q4_K or Q6_K stay in their
+  // blocks (model.h, QuantizedMatrix) instead of becoming float32: for the
+  // CPU backend, which computes with them directly. Other formats ignore it.
+  bool keep_quantized = false;
 };
 
 struct LoadedModel {

@@ -7,6 +7,7 @@
 //   build/bin/coalesce-engine-bench --model=synthetic:15m --batch_sizes=1,4,16,64
 //   build/bin/coalesce-engine-bench --model=synthetic:110m --batch_sizes=1,64 --limits
 //   build/bin/coalesce-engine-bench --context=2000 --batch_sizes=1,16 --kv_cache_dtypes=fp32,int8
+//   build/bin/coalesce-engine-bench --model=FILE.gguf --batch_sizes=1,16,64 --compare_quantized
 //
 // With --kv_quality_text=FILE it measures quality instead of speed: each
 // --kv_cache_dtypes type's perplexity on the file's text against the first's,
@@ -61,6 +62,11 @@ ABSL_FLAG(std::string, kv_quality_text, "",
 ABSL_FLAG(int, kv_quality_tokens, 2048, "--kv_quality_text: most tokens scored.");
 ABSL_FLAG(int, kv_quality_decode, 64,
           "--kv_quality_text: greedy tokens decoded after each prefix.");
+ABSL_FLAG(bool, compare_quantized, false,
+          "A GGUF file's quantized matrices: measure each batch size with them dequantized to "
+          "float32 and kept in their block types (as coalesce-server runs them on the CPU), and "
+          "print the second against the first; with --limits, each one's smallest batch against "
+          "its own weight bytes over the bandwidth.");
 ABSL_FLAG(bool, limits, false,
           "Also measure, in the same run and on the same threads, the memory read bandwidth and "
           "the rate of a large single-precision matrix product (OpenBLAS sgemm), and print the "
@@ -318,11 +324,39 @@ int Run() {
   const std::shared_ptr<const engine::Model> shared = loaded->model;
   engine::CpuBackendOptions options;
   options.threads = absl::GetFlag(FLAGS_threads);
-  // One backend per KV cache type, each with room for the largest batch.
+  // The variants measured side by side: one backend per KV cache type, or
+  // (--compare_quantized) the model's weights dequantized and kept
+  // quantized; each with room for the largest batch.
+  std::vector<std::shared_ptr<const engine::Model>> models = {shared};
+  std::vector<std::string> labels;
+  const bool compare_quantized = absl::GetFlag(FLAGS_compare_quantized);
+  if (compare_quantized) {
+    if (dtypes.size() != 1) {
+      std::fprintf(stderr, "--compare_quantized takes one --kv_cache_dtypes type\n");
+      return 1;
+    }
+    absl::StatusOr<engine::LoadedModel> kept = engine::LoadModel(
+        {.model = absl::GetFlag(FLAGS_model), .tokenizer = absl::GetFlag(FLAGS_tokenizer),
+         .keep_quantized = true});
+    if (!kept.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(kept.status().message()).c_str());
+      return 1;
+    }
+    if (!engine::HasQuantizedWeights(kept->model->weights)) {
+      std::fprintf(stderr, "--compare_quantized: %s has no matrix in Q8_0, Q4_0, Q4_1, Q4_K or "
+                   "Q6_K\n", absl::GetFlag(FLAGS_model).c_str());
+      return 1;
+    }
+    models.push_back(kept->model);
+    dtypes.push_back(dtypes[0]);
+    labels = {"fp32", "quant"};
+  } else {
+    for (const engine::KvDtype dtype : dtypes) labels.push_back(engine::KvDtypeName(dtype));
+  }
   std::vector<std::unique_ptr<engine::Backend>> backends;
-  for (const engine::KvDtype dtype : dtypes) {
-    options.kv_cache = {block_size, max_batch * blocks_per_seq, dtype};
-    auto backend = engine::CreateCpuBackend(shared, options);
+  for (size_t d = 0; d < dtypes.size(); ++d) {
+    options.kv_cache = {block_size, max_batch * blocks_per_seq, dtypes[d]};
+    auto backend = engine::CreateCpuBackend(models[compare_quantized ? d : 0], options);
     if (!backend.ok()) {
       std::fprintf(stderr, "%s\n", std::string(backend.status().message()).c_str());
       return 1;
@@ -334,7 +368,13 @@ int Run() {
               config.name.c_str(), config.num_parameters() / 1e6, context, steps * repeat,
               repeat > 1 ? absl::StrCat(" (", repeat, " x ", steps, ")").c_str() : "",
               sample ? ", greedy sampling included" : "");
-  if (compare) {
+  if (compare_quantized) {
+    std::printf("weights: fp32 %.1f MB (%s); quant %.1f MB (%s)\n",
+                backends[0]->weight_bytes() / 1e6, backends[0]->Describe().c_str(),
+                backends[1]->weight_bytes() / 1e6, backends[1]->Describe().c_str());
+    std::printf("%6s %7s %12s %12s %14s %10s\n", "batch", "weights", "step ms", "tokens/s",
+                "vs batch 1", "vs fp32");
+  } else if (compare) {
     std::printf("KV cache bytes per token (all layers, K and V, scales included):");
     for (size_t d = 0; d < dtypes.size(); ++d) {
       const int64_t bytes = backends[d]->kv_bytes_per_token();
@@ -352,6 +392,7 @@ int Run() {
   std::vector<float> logits;
   std::vector<double> base_tps(dtypes.size(), 0.0);  // each type's first batch size
   std::vector<std::pair<int, double>> step_seconds;  // (batch, seconds per decode step), first type
+  std::vector<double> first_batch_seconds(dtypes.size(), 0.0);  // each variant's, first batch
   for (int batch : sizes) {
     std::vector<std::vector<int32_t>> tables(batch);
     for (int b = 0; b < batch; ++b) {
@@ -403,13 +444,18 @@ int Run() {
       }
       const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
       const double tps = static_cast<double>(batch) * steps * repeat / seconds;
-      if (base_tps[d] == 0) base_tps[d] = tps;
+      if (base_tps[d] == 0) {
+        base_tps[d] = tps;
+        first_batch_seconds[d] = seconds / (steps * repeat);
+      }
       if (d == 0) {
         first_tps = tps;
         step_seconds.push_back({batch, seconds / (steps * repeat)});
       }
       if (compare) {
-        std::printf("%6d %6s %12.2f %12.1f %13.2fx %9.2fx\n", batch, engine::KvDtypeName(dtypes[d]),
+        std::printf(compare_quantized ? "%6d %7s %12.2f %12.1f %13.2fx %9.2fx\n"
+                                      : "%6d %6s %12.2f %12.1f %13.2fx %9.2fx\n",
+                    batch, labels[d].c_str(),
                     seconds / (steps * repeat) * 1e3, tps, tps / base_tps[d], tps / first_tps);
       } else {
         std::printf("%6d %12.2f %12.1f %13.2fx\n", batch, seconds / (steps * repeat) * 1e3, tps,
@@ -447,6 +493,14 @@ int Run() {
       100.0 * floor_seconds / small_seconds);
   std::printf("  batch %d: %.1f GFLOP/s (%.0f MFLOP per token): %.1f%% of the sgemm rate\n",
               large_batch, rate / 1e9, flops_per_token / 1e6, 100.0 * rate / sgemm);
+  if (compare_quantized) {
+    const double quant_bytes = static_cast<double>(backends[1]->weight_bytes());
+    std::printf(
+        "  quant, batch %d: %.2f ms per step; floor (%.0f MB of weights over the bandwidth) "
+        "%.2f ms: %.1f%% of the bandwidth limit\n",
+        small_batch, first_batch_seconds[1] * 1e3, quant_bytes / 1e6, quant_bytes / bandwidth * 1e3,
+        100.0 * quant_bytes / bandwidth / first_batch_seconds[1]);
+  }
   return 0;
 }
 

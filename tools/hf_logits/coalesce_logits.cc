@@ -7,7 +7,11 @@
 // transformers.
 //
 //   coalesce-logits --model PATH --steps N --prompt 1,2,3 [--prompt 4,5 ...]
-//                   [--threads T] [--tokenizer FILE]
+//                   [--threads T] [--tokenizer FILE] [--keep_quantized true]
+//
+// --keep_quantized true keeps a GGUF file's Q8_0, Q4_0, Q4_1, Q4_K and Q6_K
+// matrices in their blocks (engine::ModelSpec::keep_quantized), as the
+// server does on the CPU; by default they are dequantized to float32.
 //
 // The model is loaded with its tokenizer, as the server loads it (which
 // checks that the two agree); --tokenizer overrides the format's own, as the
@@ -51,6 +55,7 @@ struct Options {
   std::string tokenizer;
   int steps = 0;
   int threads = 0;
+  bool keep_quantized = false;
   std::vector<std::vector<int32_t>> prompts;
 };
 
@@ -118,7 +123,7 @@ absl::StatusOr<Options> ParseArgs(int argc, char** argv) {
     const std::string arg = argv[i];
     const std::string value = i + 1 < argc ? argv[i + 1] : "";
     if (arg != "--model" && arg != "--steps" && arg != "--threads" && arg != "--prompt" &&
-        arg != "--tokenizer") {
+        arg != "--tokenizer" && arg != "--keep_quantized") {
       return absl::InvalidArgumentError(absl::StrCat("unknown argument ", arg));
     }
     if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
@@ -127,6 +132,12 @@ absl::StatusOr<Options> ParseArgs(int argc, char** argv) {
       o.model = value;
     } else if (arg == "--tokenizer") {
       o.tokenizer = value;
+    } else if (arg == "--keep_quantized") {
+      if (value != "true" && value != "false") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--keep_quantized ", value, ": need true or false"));
+      }
+      o.keep_quantized = value == "true";
     } else if (arg == "--steps" || arg == "--threads") {
       int v = 0;
       if (!absl::SimpleAtoi(value, &v) || v < 0) {
@@ -148,7 +159,7 @@ absl::StatusOr<Options> ParseArgs(int argc, char** argv) {
   if (o.model.empty() || o.steps < 1 || o.prompts.empty()) {
     return absl::InvalidArgumentError(
         "usage: coalesce-logits --model PATH --steps N --prompt 1,2,3 [--prompt ...] "
-        "[--threads T] [--tokenizer FILE]");
+        "[--threads T] [--tokenizer FILE] [--keep_quantized true]");
   }
   return o;
 }
@@ -161,7 +172,9 @@ absl::StatusOr<std::shared_ptr<const Model>> Load(const Options& o) {
     ASSIGN_OR_RETURN(Model model, LoadHfModel(o.model));
     return std::make_shared<const Model>(std::move(model));
   }
-  ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel({.model = o.model, .tokenizer = o.tokenizer}));
+  ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel({.model = o.model,
+                                                  .tokenizer = o.tokenizer,
+                                                  .keep_quantized = o.keep_quantized}));
   return loaded.model;
 }
 

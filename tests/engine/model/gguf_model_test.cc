@@ -600,6 +600,87 @@ TEST(GgufModelTest, ForwardPassEqualsTheSameWeightsBuiltDirectly) {
   }
 }
 
+// Matrices kept in their block types (GgufLoadOptions::keep_quantized): the
+// loader keeps the five types the CPU backend computes with as the file's
+// blocks (rows permuted as the float ones would be), leaves every other
+// tensor float32, and the CPU backend's logits equal those of the
+// dequantized model bit for bit.
+TEST(GgufModelTest, KeptQuantizedMatricesGiveTheDequantizedModelsLogits) {
+  for (const Arch arch : {Arch::kLlama, Arch::kQwen2}) {
+    for (const bool untied : {false, true}) {
+      SCOPED_TRACE(std::string(arch == Arch::kLlama ? "llama" : "qwen2") +
+                   (untied ? " untied" : " tied"));
+      std::mt19937 rng(9);
+      GgufSpec spec = ModelFile(arch, RandomWeights(arch, untied, 9));
+      std::vector<std::pair<std::string, GgmlType>> typed = {
+          {"token_embd.weight", GgmlType::kQ8_0},       {"blk.0.attn_q.weight", GgmlType::kQ4_0},
+          {"blk.0.attn_k.weight", GgmlType::kQ4_1},     {"blk.0.attn_v.weight", GgmlType::kF16},
+          {"blk.0.attn_output.weight", GgmlType::kQ8_0}, {"blk.0.ffn_down.weight", GgmlType::kQ6_K},
+          {"blk.1.ffn_down.weight", GgmlType::kQ4_K},   {"blk.1.ffn_gate.weight", GgmlType::kQ5_0},
+          {"blk.1.attn_q.weight", GgmlType::kQ8_0},     {"blk.1.attn_k.weight", GgmlType::kQ4_0}};
+      if (untied) typed.emplace_back("output.weight", GgmlType::kQ4_1);
+      for (const auto& [name, type] : typed) {
+        const TensorSpec& t = spec.tensor(name);
+        int64_t n = 1;
+        for (const uint64_t d : t.dims) n *= static_cast<int64_t>(d);
+        spec.SetTensor(name, t.dims, type, RandomData(type, n, rng));
+      }
+      const std::string path = spec.WriteFile();
+      GgufLoadReport float_report, kept_report;
+      auto dequantized = LoadGgufModel(path, &float_report);
+      auto kept = LoadGgufModel(path, &kept_report, {.keep_quantized = true});
+      ASSERT_TRUE(dequantized.ok()) << dequantized.status();
+      ASSERT_TRUE(kept.ok()) << kept.status();
+      const ModelWeights& w = kept->weights;
+      EXPECT_FALSE(HasQuantizedWeights(dequantized->weights));
+      ASSERT_TRUE(HasQuantizedWeights(w));
+      EXPECT_TRUE(w.token_embedding.empty());
+      EXPECT_EQ(w.quantized_token_embedding.type, QuantType::kQ8_0);
+      EXPECT_EQ(w.quantized_token_embedding.rows, kVocab);
+      EXPECT_EQ(w.quantized_token_embedding.cols, kDim);
+      if (untied) {
+        EXPECT_EQ(w.quantized_classifier.type, QuantType::kQ4_1);
+        EXPECT_NE(w.quantized_classifier.data, w.quantized_token_embedding.data);
+      } else {
+        EXPECT_EQ(w.quantized_classifier.data, w.quantized_token_embedding.data);
+      }
+      EXPECT_EQ(w.layers[0].quantized.wq.type, QuantType::kQ4_0);
+      EXPECT_EQ(w.layers[0].quantized.w2.type, QuantType::kQ6_K);
+      EXPECT_EQ(w.layers[1].quantized.w2.type, QuantType::kQ4_K);
+      EXPECT_TRUE(w.layers[0].wq.empty());
+      // F16 and Q5_0 have no kernels: float32 as before; F32 stays float32.
+      EXPECT_TRUE(w.layers[0].quantized.wv.empty());
+      EXPECT_EQ(w.layers[0].wv.size(), static_cast<size_t>(kKvDim) * kDim);
+      EXPECT_TRUE(w.layers[1].quantized.w1.empty());
+      EXPECT_TRUE(w.layers[1].quantized.w3.empty());
+      // The token embedding's bytes are the file's.
+      const TensorSpec& embd = spec.tensor("token_embd.weight");
+      EXPECT_EQ(std::string(reinterpret_cast<const char*>(w.quantized_token_embedding.data),
+                            embd.data.size()),
+                embd.data);
+      EXPECT_GT(kept_report.quantized_bytes, 0);
+      EXPECT_LT(kept_report.weight_bytes, float_report.weight_bytes);
+
+      const auto float_model = std::make_shared<const Model>(*std::move(dequantized));
+      const auto kept_model = std::make_shared<const Model>(*std::move(kept));
+      // What a step reads: the panels of the quantized matrices, not float32.
+      const CpuBackendOptions options{.kv_cache = {.block_size = 16, .num_blocks = 1}};
+      auto float_backend = CreateCpuBackend(float_model, options);
+      auto kept_backend = CreateCpuBackend(kept_model, options);
+      ASSERT_TRUE(float_backend.ok() && kept_backend.ok());
+      EXPECT_EQ((*float_backend)->weight_bytes(), float_report.weight_bytes);
+      EXPECT_LT((*kept_backend)->weight_bytes(), (*float_backend)->weight_bytes());
+      EXPECT_NE((*kept_backend)->Describe().find("Q4_K"), std::string::npos)
+          << (*kept_backend)->Describe();
+
+      const auto expected = Forward(float_model, kPrompt);
+      ASSERT_EQ(expected.size(), kPrompt.size());
+      EXPECT_EQ(Forward(kept_model, kPrompt), expected);
+      EXPECT_NE(expected[3], expected[4]);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // RoPE frequency factors (Llama 3.1's rope_freqs.weight)
 // ---------------------------------------------------------------------------

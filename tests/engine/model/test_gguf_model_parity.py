@@ -79,10 +79,12 @@ def logits_binary():
     return path
 
 
-def run_engine(model, prompts, steps, tokenizer=None):
+def run_engine(model, prompts, steps, tokenizer=None, keep_quantized=False):
     command = [logits_binary(), "--model", str(model), "--steps", str(steps), "--threads", "2"]
     if tokenizer is not None:
         command += ["--tokenizer", str(tokenizer)]
+    if keep_quantized:
+        command += ["--keep_quantized", "true"]
     for prompt in prompts:
         command += ["--prompt", ",".join(map(str, prompt))]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
@@ -139,6 +141,17 @@ def test_smollm2_matches_transformers(tmp_path):
         FRANCE_ANSWER)
     for p, alone in enumerate(engine["alone"]):
         print(f"prompt {p}: {alone['tokens']}\n  {tokenizer.decode(alone['tokens'])!r}")
+
+    # The Q4_1 and Q8_0 matrices kept in their blocks, as the server runs the
+    # file on the CPU: the same logits, bit for bit, alone and batched.
+    kept = run_engine(path, prompts, STEPS, keep_quantized=True)
+    for run in ("alone", "batched"):
+        for p in range(len(prompts)):
+            assert kept[run][p]["tokens"] == engine[run][p]["tokens"], (run, p)
+            assert kept[run][p]["logits"] == engine[run][p]["logits"], (
+                f"{run} prompt {p}: the quantized matrices' logits differ from the "
+                f"dequantized ones'")
+    print("kept quantized: same tokens and bit-identical logits")
 
     # The Hugging Face folder transformers makes of the same file.
     saved = tmp_path / "smollm2-hf"

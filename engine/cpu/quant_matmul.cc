@@ -1,0 +1,276 @@
+#include "engine/cpu/quant_matmul.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "engine/cpu/kv_quant.h"
+#include "engine/cpu/matmul_panels.h"
+
+namespace coalesce::engine::cpu {
+namespace {
+
+static_assert(kQuantPanelRows == kPanel, "a packed panel is one panel of the product");
+static_assert(kKBlock % 256 == 0, "a block of k holds whole blocks of every type");
+
+uint16_t Load16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | p[1] << 8); }
+void Store16(uint8_t* p, uint16_t v) {
+  p[0] = static_cast<uint8_t>(v);
+  p[1] = static_cast<uint8_t>(v >> 8);
+}
+float Half(const uint8_t* p) { return ToFloat(Fp16{Load16(p)}); }
+
+// One block of one row, as integers and the block's scale fields: what the
+// file's block holds, whatever its bit layout.
+struct Block {
+  uint16_t d = 0, m = 0;  // f16: Q*_0's and Q6_K's d; Q4_1's d and m; Q4_K's d and dmin
+  uint8_t sc[16] = {};    // Q4_K: 8 six-bit scales; Q6_K: 16 int8 scales
+  uint8_t mn[8] = {};     // Q4_K: 8 six-bit mins
+  uint8_t q[256] = {};    // the elements' integers (Q8_0's as int8 bits)
+};
+
+// The 6-bit scales and mins of Q4_K's 8 sub-blocks, packed in 12 bytes
+// (gguf_quant.cc's UnpackScalesMins).
+void ScalesMins(const uint8_t* s, uint8_t* scale, uint8_t* min) {
+  for (int j = 0; j < 8; ++j) {
+    if (j < 4) {
+      scale[j] = s[j] & 63;
+      min[j] = s[j + 4] & 63;
+    } else {
+      scale[j] = static_cast<uint8_t>((s[j + 4] & 0x0F) | (s[j - 4] >> 6) << 4);
+      min[j] = static_cast<uint8_t>((s[j + 4] >> 4) | (s[j] >> 6) << 4);
+    }
+  }
+}
+
+// Decodes one block of the file's layout (model.h, gguf_quant.cc).
+Block Decode(QuantType type, const uint8_t* b) {
+  Block out;
+  switch (type) {
+    case QuantType::kQ8_0:
+      out.d = Load16(b);
+      std::memcpy(out.q, b + 2, 32);
+      break;
+    case QuantType::kQ4_0:
+    case QuantType::kQ4_1: {
+      out.d = Load16(b);
+      const uint8_t* qs = b + 2;
+      if (type == QuantType::kQ4_1) {
+        out.m = Load16(b + 2);
+        qs = b + 4;
+      }
+      for (int i = 0; i < 16; ++i) {
+        out.q[i] = qs[i] & 0x0F;
+        out.q[i + 16] = qs[i] >> 4;
+      }
+      break;
+    }
+    case QuantType::kQ4_K: {
+      out.d = Load16(b);
+      out.m = Load16(b + 2);
+      ScalesMins(b + 4, out.sc, out.mn);
+      const uint8_t* qs = b + 16;
+      for (int j = 0; j < 8; ++j) {
+        for (int l = 0; l < 32; ++l) out.q[32 * j + l] = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 15;
+      }
+      break;
+    }
+    case QuantType::kQ6_K: {
+      const uint8_t* ql = b;
+      const uint8_t* qh = b + 128;
+      std::memcpy(out.sc, b + 192, 16);
+      out.d = Load16(b + 208);
+      for (int e = 0; e < 256; ++e) {
+        const int h = e / 128, r = e % 128;
+        const int low = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0x0F;
+        const int high = (qh[32 * h + r % 32] >> (2 * (r / 32))) & 3;
+        out.q[e] = static_cast<uint8_t>(low | high << 4);
+      }
+      break;
+    }
+  }
+  return out;
+}
+
+// Byte offsets of the fields of a group (quant_matmul.h).
+struct GroupLayout {
+  int d = 0, m = -1, sc = -1, mn = -1, q = 0, qh = -1;
+};
+
+GroupLayout LayoutOf(QuantType type) {
+  switch (type) {
+    case QuantType::kQ8_0:
+      return {.d = 0, .q = 64};
+    case QuantType::kQ4_0:
+      return {.d = 0, .q = 64};
+    case QuantType::kQ4_1:
+      return {.d = 0, .m = 64, .q = 128};
+    case QuantType::kQ4_K:
+      return {.d = 0, .m = 64, .sc = 128, .mn = 384, .q = 640};
+    case QuantType::kQ6_K:
+      return {.d = 0, .sc = 64, .q = 576, .qh = 576 + 4096};
+  }
+  return {};
+}
+
+// Writes row r's block into its group.
+void Place(QuantType type, const Block& b, int r, uint8_t* group) {
+  const GroupLayout g = LayoutOf(type);
+  const int n = QuantBlockSize(type);
+  Store16(group + g.d + 2 * r, b.d);
+  if (g.m >= 0) Store16(group + g.m + 2 * r, b.m);
+  if (type == QuantType::kQ8_0) {
+    for (int k = 0; k < 32; ++k) group[g.q + k * 32 + r] = b.q[k];
+    return;
+  }
+  if (type == QuantType::kQ4_K) {
+    for (int j = 0; j < 8; ++j) {
+      group[g.sc + j * 32 + r] = b.sc[j];
+      group[g.mn + j * 32 + r] = b.mn[j];
+    }
+  }
+  if (type == QuantType::kQ6_K) {
+    for (int j = 0; j < 16; ++j) group[g.sc + j * 32 + r] = b.sc[j];
+  }
+  // Low 4 bits: byte c of a k holds rows c and c + 16.
+  const int shift = r < 16 ? 0 : 4;
+  for (int k = 0; k < n; ++k) {
+    group[g.q + k * 16 + r % 16] |= static_cast<uint8_t>((b.q[k] & 15) << shift);
+  }
+  if (type == QuantType::kQ6_K) {
+    // High 2 bits: byte c of a k holds rows c, c + 8, c + 16, c + 24.
+    for (int k = 0; k < n; ++k) {
+      group[g.qh + k * 8 + r % 8] |= static_cast<uint8_t>((b.q[k] >> 4) << (2 * (r / 8)));
+    }
+  }
+}
+
+}  // namespace
+
+int64_t QuantGroupBytes(QuantType type) {
+  switch (type) {
+    case QuantType::kQ8_0:
+      return 1088;
+    case QuantType::kQ4_0:
+      return 576;
+    case QuantType::kQ4_1:
+      return 640;
+    case QuantType::kQ4_K:
+      return 4736;
+    case QuantType::kQ6_K:
+      return 6720;
+  }
+  return 0;
+}
+
+void PackedMatrix::Free::operator()(uint8_t* p) const { std::free(p); }
+
+absl::StatusOr<PackedMatrix> PackedMatrix::Pack(const QuantizedMatrix& m) {
+  const int block = QuantBlockSize(m.type);
+  if (m.data == nullptr || m.rows <= 0 || m.cols <= 0 || m.cols % block != 0 ||
+      m.rows > std::numeric_limits<int>::max() - kQuantPanelRows ||
+      m.cols > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot lay out a ", m.rows, " x ", m.cols, " ",
+                                                   QuantTypeName(m.type), " matrix as panels"));
+  }
+  PackedMatrix out;
+  out.type_ = m.type;
+  out.rows_ = static_cast<int>(m.rows);
+  out.cols_ = static_cast<int>(m.cols);
+  out.group_bytes_ = QuantGroupBytes(m.type);
+  const int groups = out.cols_ / block;
+  out.panel_bytes_ = out.group_bytes_ * groups;
+  const int64_t total = out.panel_bytes_ * out.num_panels();
+  // 64-byte aligned, zeroed: padding rows are zero weights.
+  const size_t alloc = static_cast<size_t>((total + 63) / 64 * 64);
+  out.data_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, alloc)));
+  if (out.data_ == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", total, " bytes for a ", QuantTypeName(m.type), " matrix"));
+  }
+  std::memset(out.data_.get(), 0, alloc);
+  const int64_t row_bytes = m.row_bytes();
+  const int block_bytes = QuantBlockBytes(m.type);
+  for (int r = 0; r < out.rows_; ++r) {
+    uint8_t* panel = out.data_.get() + (r / kQuantPanelRows) * out.panel_bytes_;
+    const uint8_t* src = m.data + r * row_bytes;
+    for (int g = 0; g < groups; ++g) {
+      Place(m.type, Decode(m.type, src + int64_t{g} * block_bytes), r % kQuantPanelRows,
+            panel + g * out.group_bytes_);
+    }
+  }
+  return out;
+}
+
+void PackedMatrix::DequantizeRow(int r, float* out) const {
+  const int lane = r % kQuantPanelRows;
+  const uint8_t* panel = this->panel(r / kQuantPanelRows);
+  const GroupLayout g = LayoutOf(type_);
+  const int n = QuantBlockSize(type_);
+  for (int64_t gi = 0; gi < cols_ / n; ++gi) {
+    const uint8_t* group = panel + gi * group_bytes_;
+    float* y = out + gi * n;
+    const float d = Half(group + g.d + 2 * lane);
+    auto nibble = [&](int k) { return (group[g.q + k * 16 + lane % 16] >> (lane < 16 ? 0 : 4)) & 15; };
+    switch (type_) {
+      case QuantType::kQ8_0:
+        for (int k = 0; k < 32; ++k) {
+          y[k] = static_cast<float>(static_cast<int8_t>(group[g.q + k * 32 + lane])) * d;
+        }
+        break;
+      case QuantType::kQ4_0:
+        for (int k = 0; k < 32; ++k) y[k] = d * static_cast<float>(nibble(k) - 8);
+        break;
+      case QuantType::kQ4_1: {
+        const float m = Half(group + g.m + 2 * lane);
+        for (int k = 0; k < 32; ++k) y[k] = d * static_cast<float>(nibble(k)) + m;
+        break;
+      }
+      case QuantType::kQ4_K: {
+        const float dmin = Half(group + g.m + 2 * lane);
+        for (int j = 0; j < 8; ++j) {
+          const float dl = d * static_cast<float>(group[g.sc + j * 32 + lane]);
+          const float ml = dmin * static_cast<float>(group[g.mn + j * 32 + lane]);
+          for (int l = 0; l < 32; ++l) y[32 * j + l] = dl * static_cast<float>(nibble(32 * j + l)) - ml;
+        }
+        break;
+      }
+      case QuantType::kQ6_K:
+        for (int j = 0; j < 16; ++j) {
+          const float dl =
+              d * static_cast<float>(static_cast<int8_t>(group[g.sc + j * 32 + lane]));
+          for (int l = 0; l < 16; ++l) {
+            const int k = 16 * j + l;
+            const int high = (group[g.qh + k * 8 + lane % 8] >> (2 * (lane / 8))) & 3;
+            y[k] = dl * static_cast<float>((nibble(k) | high << 4) - 32);
+          }
+        }
+        break;
+    }
+  }
+}
+
+void QuantMatmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const PackedMatrix& w,
+                 float* y, int64_t ldy, MatmulIsa isa) {
+  if (m <= 0 || w.rows() <= 0) return;
+  const auto panels = isa == MatmulIsa::kAvx512 ? QuantMatmulPanelsAvx512 : QuantMatmulPanelsAvx2;
+  const int num_panels = w.num_panels();
+  const int threads = pool.size();
+  // Below ~64K multiply-adds a thread handoff costs more than it saves.
+  if (threads == 1 || int64_t{m} * w.rows() * w.cols() < (int64_t{1} << 16)) {
+    panels(x, ldx, m, w, 0, num_panels, y, ldy);
+    return;
+  }
+  // A few tasks per thread for balance, each a run of whole panels.
+  const int tasks = std::min(num_panels, threads * 4);
+  pool.ParallelFor(tasks, [&](int task, int) {
+    const int p0 = static_cast<int>(int64_t{num_panels} * task / tasks);
+    const int p1 = static_cast<int>(int64_t{num_panels} * (task + 1) / tasks);
+    panels(x, ldx, m, w, p0, p1, y, ldy);
+  });
+}
+
+}  // namespace coalesce::engine::cpu

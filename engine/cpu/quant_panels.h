@@ -1,0 +1,169 @@
+// The quantized matrix product's loop (quant_matmul.h): each packed panel is
+// dequantized into the panel buffer, kKBlock values of k at a time, and then
+// runs against every row of X through the float32 product's own tile kernel
+// (matmul_panels.h), so the arithmetic is Matmul's.
+//
+// Included by kernels.cc (AVX2) and kernels_avx512.cc, into an anonymous
+// namespace, so that each file's instructions stay its own (the AVX-512
+// file's copy may use AVX-512 encodings). The unpacking itself is AVX2 +
+// F16C (x86-64-v3, which the engine is built for).
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "engine/cpu/matmul_panels.h"
+#include "engine/cpu/quant_matmul.h"
+
+namespace coalesce::engine::cpu {
+namespace {  // NOLINT(google-build-namespaces): one copy per instruction set
+
+// 8 f16 values -> 8 floats (exact).
+inline __m256 Halves(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// 8 unsigned or signed bytes -> 8 floats.
+inline __m256 Unsigned8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m256 Signed8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// 16 bytes of nibbles (byte c: row c low, row c + 16 high) -> the 32 rows'
+// integers, 8 rows a vector.
+inline void Nibbles(const uint8_t* p, __m256i out[4]) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i mask = _mm_set1_epi8(15);
+  const __m128i lo = _mm_and_si128(b, mask);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+  out[0] = _mm256_cvtepu8_epi32(lo);
+  out[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8));
+  out[2] = _mm256_cvtepu8_epi32(hi);
+  out[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8));
+}
+
+// Dequantizes `groups` consecutive groups of a packed panel (quant_matmul.h
+// gives their layout) into panel[kk * kPanel + r], kk counting from the
+// first group's first column. Each value is the block formula's float, as
+// gguf.quants.dequantize computes it.
+template <typename Kernel>
+void UnpackGroups(QuantType type, const uint8_t* group, int groups, int64_t group_bytes,
+                  float* panel) {
+  static_assert(kPanel == 32, "a group holds 32 rows");
+  for (int gi = 0; gi < groups; ++gi, group += group_bytes) {
+    __m256 d[4];
+    for (int i = 0; i < 4; ++i) d[i] = Halves(group + 16 * i);
+    switch (type) {
+      case QuantType::kQ8_0: {
+        const uint8_t* q = group + 64;
+        for (int kk = 0; kk < 32; ++kk, panel += kPanel) {
+          for (int i = 0; i < 4; ++i) {
+            _mm256_store_ps(panel + 8 * i, _mm256_mul_ps(Signed8(q + kk * 32 + 8 * i), d[i]));
+          }
+        }
+        break;
+      }
+      case QuantType::kQ4_0: {
+        const __m256i eight = _mm256_set1_epi32(8);
+        for (int kk = 0; kk < 32; ++kk, panel += kPanel) {
+          __m256i n[4];
+          Nibbles(group + 64 + kk * 16, n);
+          for (int i = 0; i < 4; ++i) {
+            const __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(n[i], eight));
+            _mm256_store_ps(panel + 8 * i, _mm256_mul_ps(d[i], v));
+          }
+        }
+        break;
+      }
+      case QuantType::kQ4_1: {
+        __m256 m[4];
+        for (int i = 0; i < 4; ++i) m[i] = Halves(group + 64 + 16 * i);
+        for (int kk = 0; kk < 32; ++kk, panel += kPanel) {
+          __m256i n[4];
+          Nibbles(group + 128 + kk * 16, n);
+          for (int i = 0; i < 4; ++i) {
+            // d * q is exact, so a fused d * q + m rounds as the two steps do.
+            const __m256 v = _mm256_mul_ps(d[i], _mm256_cvtepi32_ps(n[i]));
+            _mm256_store_ps(panel + 8 * i, _mm256_add_ps(v, m[i]));
+          }
+        }
+        break;
+      }
+      case QuantType::kQ4_K: {
+        __m256 dmin[4];
+        for (int i = 0; i < 4; ++i) dmin[i] = Halves(group + 64 + 16 * i);
+        for (int j = 0; j < 8; ++j) {
+          __m256 dl[4], ml[4];
+          for (int i = 0; i < 4; ++i) {
+            dl[i] = _mm256_mul_ps(d[i], Unsigned8(group + 128 + j * 32 + 8 * i));
+            ml[i] = _mm256_mul_ps(dmin[i], Unsigned8(group + 384 + j * 32 + 8 * i));
+          }
+          for (int kk = 32 * j; kk < 32 * j + 32; ++kk, panel += kPanel) {
+            __m256i n[4];
+            Nibbles(group + 640 + kk * 16, n);
+            for (int i = 0; i < 4; ++i) {
+              const __m256 v = _mm256_mul_ps(dl[i], _mm256_cvtepi32_ps(n[i]));
+              _mm256_store_ps(panel + 8 * i, _mm256_sub_ps(v, ml[i]));
+            }
+          }
+        }
+        break;
+      }
+      case QuantType::kQ6_K: {
+        const __m256i three = _mm256_set1_epi32(3), thirty_two = _mm256_set1_epi32(32);
+        const uint8_t* qh = group + 576 + 4096;
+        for (int j = 0; j < 16; ++j) {
+          __m256 dl[4];
+          for (int i = 0; i < 4; ++i) dl[i] = _mm256_mul_ps(d[i], Signed8(group + 64 + j * 32 + 8 * i));
+          for (int kk = 16 * j; kk < 16 * j + 16; ++kk, panel += kPanel) {
+            __m256i n[4];
+            Nibbles(group + 576 + kk * 16, n);
+            const __m256i h = _mm256_cvtepu8_epi32(
+                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qh + kk * 8)));
+            for (int i = 0; i < 4; ++i) {
+              const __m256i high = _mm256_and_si256(_mm256_srli_epi32(h, 2 * i), three);
+              const __m256i q = _mm256_or_si256(n[i], _mm256_slli_epi32(high, 4));
+              const __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(q, thirty_two));
+              _mm256_store_ps(panel + 8 * i, _mm256_mul_ps(dl[i], v));
+            }
+          }
+        }
+        break;
+      }
+    }
+  }
+}
+
+// Panels [p0, p1) of w against all m rows of x (quant_matmul.h).
+template <typename Kernel>
+void QuantMatmulPanelsWith(const float* x, int64_t ldx, int m, const PackedMatrix& w, int p0,
+                           int p1, float* y, int64_t ldy) {
+  float* panel = PanelBuffer();
+  const int k = w.cols(), block = QuantBlockSize(w.type());
+  const int tiles = (m + Kernel::kTileX - 1) / Kernel::kTileX;
+  const Prefetch none{};
+  for (int p = p0; p < p1; ++p) {
+    const int j = p * kPanel;
+    const int rows = std::min(kPanel, w.rows() - j);
+    for (int k0 = 0; k0 < k; k0 += kKBlock) {
+      const int kb = std::min(kKBlock, k - k0);
+      UnpackGroups<Kernel>(w.type(), w.panel(p) + int64_t{k0 / block} * w.group_bytes(),
+                           kb / block, w.group_bytes(), panel);
+      for (int tile = 0, i = 0; tile < tiles; ++tile) {
+        const int height = std::min(Kernel::kTileX, m - i);
+        TileOf<Kernel>(height, x + i * ldx + k0, ldx, panel, kb, k0 > 0, rows, y + i * ldy + j,
+                       ldy, none);
+        i += height;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace coalesce::engine::cpu
