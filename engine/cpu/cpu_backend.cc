@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/kv_quant.h"
 #include "engine/cpu/quant_matmul.h"
@@ -86,7 +87,7 @@ struct PackedWeights {
   std::unique_ptr<cpu::PackedMatrix> token_embedding, classifier;
   int64_t bytes = 0;     // of the panels
   int64_t elements = 0;  // weights they hold
-  std::string types;  // "Q8_0, Q4_1": the types held, for Describe()
+  std::string types;     // "Q8_0, Q4_1": the types held, for Describe()
 };
 
 absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> PackIf(const QuantizedMatrix& m,
@@ -108,8 +109,13 @@ absl::StatusOr<PackedWeights> PackWeights(const ModelWeights& w) {
   for (const LayerWeights& l : w.layers) {
     PackedWeights::Layer& p = out.layers.emplace_back();
     const LayerWeights::Quantized& q = l.quantized;
-    for (auto [from, to] : {std::pair{&q.wq, &p.wq}, {&q.wk, &p.wk}, {&q.wv, &p.wv},
-                            {&q.wo, &p.wo}, {&q.w1, &p.w1}, {&q.w2, &p.w2}, {&q.w3, &p.w3}}) {
+    for (auto [from, to] : {std::pair{&q.wq, &p.wq},
+                            {&q.wk, &p.wk},
+                            {&q.wv, &p.wv},
+                            {&q.wo, &p.wo},
+                            {&q.w1, &p.w1},
+                            {&q.w2, &p.w2},
+                            {&q.w3, &p.w3}}) {
       absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> packed = PackIf(*from, out);
       if (!packed.ok()) return packed.status();
       *to = *std::move(packed);
@@ -169,10 +175,10 @@ class CpuBackend final : public Backend {
   // "cpu" as ever with float32 weights and KV cache; otherwise it names
   // the weights' and the cache's types.
   std::string Describe() const override {
-    const std::string weights =
-        packed_.types.empty()
-            ? "fp32 weights"
-            : absl::StrCat(packed_.types, " weights (", packed_.bytes / 1e6, " MB; the rest fp32)");
+    const std::string weights = packed_.types.empty()
+                                    ? "fp32 weights"
+                                    : absl::StrFormat("%s weights (%.1f MB; the rest fp32)",
+                                                      packed_.types, packed_.bytes / 1e6);
     if (kv_.dtype == KvDtype::kFp32 && packed_.types.empty()) return "cpu";
     return absl::StrCat("cpu: ", weights, ", KV cache ", KvDtypeName(kv_.dtype),
                         kv_.dtype == KvDtype::kInt8 ? " (a scale per token and KV head)" : "");

@@ -74,7 +74,8 @@ Block Decode(QuantType type, const uint8_t* b) {
       ScalesMins(b + 4, out.sc, out.mn);
       const uint8_t* qs = b + 16;
       for (int j = 0; j < 8; ++j) {
-        for (int l = 0; l < 32; ++l) out.q[32 * j + l] = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 15;
+        for (int l = 0; l < 32; ++l)
+          out.q[32 * j + l] = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 15;
       }
       break;
     }
@@ -214,7 +215,9 @@ void PackedMatrix::DequantizeRow(int r, float* out) const {
     const uint8_t* group = panel + gi * group_bytes_;
     float* y = out + gi * n;
     const float d = Half(group + g.d + 2 * lane);
-    auto nibble = [&](int k) { return (group[g.q + k * 16 + lane % 16] >> (lane < 16 ? 0 : 4)) & 15; };
+    auto nibble = [&](int k) {
+      return (group[g.q + k * 16 + lane % 16] >> (lane < 16 ? 0 : 4)) & 15;
+    };
     switch (type_) {
       case QuantType::kQ8_0:
         for (int k = 0; k < 32; ++k) {
@@ -234,14 +237,14 @@ void PackedMatrix::DequantizeRow(int r, float* out) const {
         for (int j = 0; j < 8; ++j) {
           const float dl = d * static_cast<float>(group[g.sc + j * 32 + lane]);
           const float ml = dmin * static_cast<float>(group[g.mn + j * 32 + lane]);
-          for (int l = 0; l < 32; ++l) y[32 * j + l] = dl * static_cast<float>(nibble(32 * j + l)) - ml;
+          for (int l = 0; l < 32; ++l)
+            y[32 * j + l] = dl * static_cast<float>(nibble(32 * j + l)) - ml;
         }
         break;
       }
       case QuantType::kQ6_K:
         for (int j = 0; j < 16; ++j) {
-          const float dl =
-              d * static_cast<float>(static_cast<int8_t>(group[g.sc + j * 32 + lane]));
+          const float dl = d * static_cast<float>(static_cast<int8_t>(group[g.sc + j * 32 + lane]));
           for (int l = 0; l < 16; ++l) {
             const int k = 16 * j + l;
             const int high = (group[g.qh + k * 8 + lane % 8] >> (2 * (lane / 8))) & 3;

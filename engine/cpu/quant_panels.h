@@ -48,95 +48,124 @@ inline void Nibbles(const uint8_t* p, __m256i out[4]) {
   out[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8));
 }
 
-// Dequantizes `groups` consecutive groups of a packed panel (quant_matmul.h
-// gives their layout) into panel[kk * kPanel + r], kk counting from the
-// first group's first column. Each value is the block formula's float, as
+// Calls sink(kk, i, v) with the dequantized weights of one group (its
+// layout: quant_matmul.h): v holds rows 8i .. 8i + 7 at column kk of the
+// group, kk in increasing order. Each value is the block formula's float, as
 // gguf.quants.dequantize computes it.
+template <typename Kernel, typename Sink>
+inline void ForEachValue(QuantType type, const uint8_t* group, Sink&& sink) {
+  static_assert(kPanel == 32, "a group holds 32 rows");
+  __m256 d[4];
+  for (int i = 0; i < 4; ++i) d[i] = Halves(group + 16 * i);
+  switch (type) {
+    case QuantType::kQ8_0: {
+      const uint8_t* q = group + 64;
+      for (int kk = 0; kk < 32; ++kk) {
+        for (int i = 0; i < 4; ++i) sink(kk, i, _mm256_mul_ps(Signed8(q + kk * 32 + 8 * i), d[i]));
+      }
+      break;
+    }
+    case QuantType::kQ4_0: {
+      const __m256i eight = _mm256_set1_epi32(8);
+      for (int kk = 0; kk < 32; ++kk) {
+        __m256i n[4];
+        Nibbles(group + 64 + kk * 16, n);
+        for (int i = 0; i < 4; ++i) {
+          sink(kk, i, _mm256_mul_ps(d[i], _mm256_cvtepi32_ps(_mm256_sub_epi32(n[i], eight))));
+        }
+      }
+      break;
+    }
+    case QuantType::kQ4_1: {
+      __m256 m[4];
+      for (int i = 0; i < 4; ++i) m[i] = Halves(group + 64 + 16 * i);
+      for (int kk = 0; kk < 32; ++kk) {
+        __m256i n[4];
+        Nibbles(group + 128 + kk * 16, n);
+        for (int i = 0; i < 4; ++i) {
+          // d * q is exact, so a fused d * q + m rounds as the two steps do.
+          sink(kk, i, _mm256_add_ps(_mm256_mul_ps(d[i], _mm256_cvtepi32_ps(n[i])), m[i]));
+        }
+      }
+      break;
+    }
+    case QuantType::kQ4_K: {
+      __m256 dmin[4];
+      for (int i = 0; i < 4; ++i) dmin[i] = Halves(group + 64 + 16 * i);
+      for (int j = 0; j < 8; ++j) {
+        __m256 dl[4], ml[4];
+        for (int i = 0; i < 4; ++i) {
+          dl[i] = _mm256_mul_ps(d[i], Unsigned8(group + 128 + j * 32 + 8 * i));
+          ml[i] = _mm256_mul_ps(dmin[i], Unsigned8(group + 384 + j * 32 + 8 * i));
+        }
+        for (int kk = 32 * j; kk < 32 * j + 32; ++kk) {
+          __m256i n[4];
+          Nibbles(group + 640 + kk * 16, n);
+          for (int i = 0; i < 4; ++i) {
+            sink(kk, i, _mm256_sub_ps(_mm256_mul_ps(dl[i], _mm256_cvtepi32_ps(n[i])), ml[i]));
+          }
+        }
+      }
+      break;
+    }
+    case QuantType::kQ6_K: {
+      const __m256i three = _mm256_set1_epi32(3), thirty_two = _mm256_set1_epi32(32);
+      const uint8_t* qh = group + 576 + 4096;
+      for (int j = 0; j < 16; ++j) {
+        __m256 dl[4];
+        for (int i = 0; i < 4; ++i)
+          dl[i] = _mm256_mul_ps(d[i], Signed8(group + 64 + j * 32 + 8 * i));
+        for (int kk = 16 * j; kk < 16 * j + 16; ++kk) {
+          __m256i n[4];
+          Nibbles(group + 576 + kk * 16, n);
+          const __m256i h =
+              _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qh + kk * 8)));
+          for (int i = 0; i < 4; ++i) {
+            const __m256i high = _mm256_and_si256(_mm256_srli_epi32(h, 2 * i), three);
+            const __m256i q = _mm256_or_si256(n[i], _mm256_slli_epi32(high, 4));
+            sink(kk, i, _mm256_mul_ps(dl[i], _mm256_cvtepi32_ps(_mm256_sub_epi32(q, thirty_two))));
+          }
+        }
+      }
+      break;
+    }
+  }
+}
+
+// Dequantizes `groups` consecutive groups of a packed panel into
+// panel[kk * kPanel + r], kk counting from the first group's first column.
 template <typename Kernel>
 void UnpackGroups(QuantType type, const uint8_t* group, int groups, int64_t group_bytes,
                   float* panel) {
-  static_assert(kPanel == 32, "a group holds 32 rows");
-  for (int gi = 0; gi < groups; ++gi, group += group_bytes) {
-    __m256 d[4];
-    for (int i = 0; i < 4; ++i) d[i] = Halves(group + 16 * i);
-    switch (type) {
-      case QuantType::kQ8_0: {
-        const uint8_t* q = group + 64;
-        for (int kk = 0; kk < 32; ++kk, panel += kPanel) {
-          for (int i = 0; i < 4; ++i) {
-            _mm256_store_ps(panel + 8 * i, _mm256_mul_ps(Signed8(q + kk * 32 + 8 * i), d[i]));
-          }
-        }
-        break;
-      }
-      case QuantType::kQ4_0: {
-        const __m256i eight = _mm256_set1_epi32(8);
-        for (int kk = 0; kk < 32; ++kk, panel += kPanel) {
-          __m256i n[4];
-          Nibbles(group + 64 + kk * 16, n);
-          for (int i = 0; i < 4; ++i) {
-            const __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(n[i], eight));
-            _mm256_store_ps(panel + 8 * i, _mm256_mul_ps(d[i], v));
-          }
-        }
-        break;
-      }
-      case QuantType::kQ4_1: {
-        __m256 m[4];
-        for (int i = 0; i < 4; ++i) m[i] = Halves(group + 64 + 16 * i);
-        for (int kk = 0; kk < 32; ++kk, panel += kPanel) {
-          __m256i n[4];
-          Nibbles(group + 128 + kk * 16, n);
-          for (int i = 0; i < 4; ++i) {
-            // d * q is exact, so a fused d * q + m rounds as the two steps do.
-            const __m256 v = _mm256_mul_ps(d[i], _mm256_cvtepi32_ps(n[i]));
-            _mm256_store_ps(panel + 8 * i, _mm256_add_ps(v, m[i]));
-          }
-        }
-        break;
-      }
-      case QuantType::kQ4_K: {
-        __m256 dmin[4];
-        for (int i = 0; i < 4; ++i) dmin[i] = Halves(group + 64 + 16 * i);
-        for (int j = 0; j < 8; ++j) {
-          __m256 dl[4], ml[4];
-          for (int i = 0; i < 4; ++i) {
-            dl[i] = _mm256_mul_ps(d[i], Unsigned8(group + 128 + j * 32 + 8 * i));
-            ml[i] = _mm256_mul_ps(dmin[i], Unsigned8(group + 384 + j * 32 + 8 * i));
-          }
-          for (int kk = 32 * j; kk < 32 * j + 32; ++kk, panel += kPanel) {
-            __m256i n[4];
-            Nibbles(group + 640 + kk * 16, n);
-            for (int i = 0; i < 4; ++i) {
-              const __m256 v = _mm256_mul_ps(dl[i], _mm256_cvtepi32_ps(n[i]));
-              _mm256_store_ps(panel + 8 * i, _mm256_sub_ps(v, ml[i]));
-            }
-          }
-        }
-        break;
-      }
-      case QuantType::kQ6_K: {
-        const __m256i three = _mm256_set1_epi32(3), thirty_two = _mm256_set1_epi32(32);
-        const uint8_t* qh = group + 576 + 4096;
-        for (int j = 0; j < 16; ++j) {
-          __m256 dl[4];
-          for (int i = 0; i < 4; ++i) dl[i] = _mm256_mul_ps(d[i], Signed8(group + 64 + j * 32 + 8 * i));
-          for (int kk = 16 * j; kk < 16 * j + 16; ++kk, panel += kPanel) {
-            __m256i n[4];
-            Nibbles(group + 576 + kk * 16, n);
-            const __m256i h = _mm256_cvtepu8_epi32(
-                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qh + kk * 8)));
-            for (int i = 0; i < 4; ++i) {
-              const __m256i high = _mm256_and_si256(_mm256_srli_epi32(h, 2 * i), three);
-              const __m256i q = _mm256_or_si256(n[i], _mm256_slli_epi32(high, 4));
-              const __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(q, thirty_two));
-              _mm256_store_ps(panel + 8 * i, _mm256_mul_ps(dl[i], v));
-            }
-          }
-        }
-        break;
-      }
+  const int block = QuantBlockSize(type);
+  for (int gi = 0; gi < groups; ++gi, group += group_bytes, panel += block * kPanel) {
+    ForEachValue<Kernel>(type, group, [panel](int kk, int i, __m256 v) {
+      _mm256_store_ps(panel + kk * kPanel + 8 * i, v);
+    });
+  }
+}
+
+// One row of X against panels [p0, p1): each weight goes from its block
+// straight into its output's chain, y[j] = fma(w[j, k], x[k], y[j]) for k in
+// increasing order, with no panel buffer in between (a decode step of one
+// sequence is bound by reading the blocks).
+template <typename Kernel>
+void QuantMatvecPanels(const float* x, const PackedMatrix& w, int p0, int p1, float* y) {
+  const int block = QuantBlockSize(w.type()), groups = w.cols() / block;
+  for (int p = p0; p < p1; ++p) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    const uint8_t* group = w.panel(p);
+    for (int gi = 0; gi < groups; ++gi, group += w.group_bytes()) {
+      const float* xg = x + gi * block;
+      ForEachValue<Kernel>(w.type(), group, [&acc, xg](int kk, int i, __m256 v) {
+        acc[i] = _mm256_fmadd_ps(v, _mm256_broadcast_ss(xg + kk), acc[i]);
+      });
     }
+    const int j = p * kPanel, rows = std::min(kPanel, w.rows() - j);
+    alignas(32) float out[kPanel];
+    for (int i = 0; i < 4; ++i) _mm256_store_ps(out + 8 * i, acc[i]);
+    std::copy_n(out, rows, y + j);
   }
 }
 
@@ -144,6 +173,10 @@ void UnpackGroups(QuantType type, const uint8_t* group, int groups, int64_t grou
 template <typename Kernel>
 void QuantMatmulPanelsWith(const float* x, int64_t ldx, int m, const PackedMatrix& w, int p0,
                            int p1, float* y, int64_t ldy) {
+  if (m == 1) {
+    QuantMatvecPanels<Kernel>(x, w, p0, p1, y);
+    return;
+  }
   float* panel = PanelBuffer();
   const int k = w.cols(), block = QuantBlockSize(w.type());
   const int tiles = (m + Kernel::kTileX - 1) / Kernel::kTileX;
@@ -153,12 +186,12 @@ void QuantMatmulPanelsWith(const float* x, int64_t ldx, int m, const PackedMatri
     const int rows = std::min(kPanel, w.rows() - j);
     for (int k0 = 0; k0 < k; k0 += kKBlock) {
       const int kb = std::min(kKBlock, k - k0);
-      UnpackGroups<Kernel>(w.type(), w.panel(p) + int64_t{k0 / block} * w.group_bytes(),
-                           kb / block, w.group_bytes(), panel);
+      UnpackGroups<Kernel>(w.type(), w.panel(p) + int64_t{k0 / block} * w.group_bytes(), kb / block,
+                           w.group_bytes(), panel);
       for (int tile = 0, i = 0; tile < tiles; ++tile) {
         const int height = std::min(Kernel::kTileX, m - i);
-        TileOf<Kernel>(height, x + i * ldx + k0, ldx, panel, kb, k0 > 0, rows, y + i * ldy + j,
-                       ldy, none);
+        TileOf<Kernel>(height, x + i * ldx + k0, ldx, panel, kb, k0 > 0, rows, y + i * ldy + j, ldy,
+                       none);
         i += height;
       }
     }

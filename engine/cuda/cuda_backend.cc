@@ -751,7 +751,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(std::shared_ptr<const
   const ModelConfig& c = model->config;
   if (HasQuantizedWeights(model->weights)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("model ", c.name, ": the CUDA backend takes float weights; load the model "
+        absl::StrCat("model ", c.name,
+                     ": the CUDA backend takes float weights; load the model "
                      "without keep_quantized (its weights then dequantized)"));
   }
   if (c.head_dim() > cuda::kMaxHeadDim || c.n_heads / c.n_kv_heads > cuda::kMaxGqaRatio) {

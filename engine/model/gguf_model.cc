@@ -282,8 +282,8 @@ class TensorPlan {
   // The tensor `name`, which must have `dims` (ggml order: innermost first,
   // so a [out][in] matrix is {in, out}). Returns its index for Span() or,
   // for a `matrix` kept in its block type, Matrix().
-  absl::StatusOr<size_t> Add(const std::string& name, std::vector<int64_t> dims,
-                             int rope_heads = 0, bool matrix = false) {
+  absl::StatusOr<size_t> Add(const std::string& name, std::vector<int64_t> dims, int rope_heads = 0,
+                             bool matrix = false) {
     ASSIGN_OR_RETURN(const GgufTensor* t, Check(name, dims));
     names_.insert(t->name);
     const std::optional<QuantType> keep =
@@ -329,9 +329,9 @@ class TensorPlan {
     buffer_.reset(new (std::nothrow) float[std::max<int64_t>(total_, 1)]);
     bytes_.reset(new (std::nothrow) uint8_t[std::max<int64_t>(total_bytes_, 1)]);
     if (buffer_ == nullptr || bytes_ == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat(file_.path(), ": cannot allocate ", (total_ * 4 + total_bytes_) / 1e9,
-                       " GB for the weights"));
+      return absl::ResourceExhaustedError(absl::StrCat(file_.path(), ": cannot allocate ",
+                                                       (total_ * 4 + total_bytes_) / 1e9,
+                                                       " GB for the weights"));
     }
     // Jobs of about a million elements, whole rows each, so that one large
     // tensor (the embedding) spreads over the threads too.
@@ -507,8 +507,7 @@ absl::StatusOr<Model> Load(const GgufFile& file, const GgufLoadOptions& options,
   const int64_t d = c.dim, h = c.hidden_dim, kv = c.kv_dim(), v = c.vocab_size;
   TensorPlan plan(file, options.keep_quantized);
   constexpr bool kMatrix = true;
-  ASSIGN_OR_RETURN(const size_t token_embedding,
-                   plan.Add("token_embd.weight", {d, v}, 0, kMatrix));
+  ASSIGN_OR_RETURN(const size_t token_embedding, plan.Add("token_embd.weight", {d, v}, 0, kMatrix));
   ASSIGN_OR_RETURN(const size_t final_norm, plan.Add("output_norm.weight", {d}));
   std::optional<size_t> classifier;
   c.tied_classifier = file.FindTensor("output.weight") == nullptr;

@@ -94,20 +94,18 @@ absl::StatusOr<LoadedModel> LoadGguf(const std::string& path, const std::string&
                                      bool keep_quantized) {
   LoadedModel out;
   GgufLoadReport report;
-  ASSIGN_OR_RETURN(Model model,
-                   LoadGgufModel(path, &report, {.keep_quantized = keep_quantized}));
+  ASSIGN_OR_RETURN(Model model, LoadGgufModel(path, &report, {.keep_quantized = keep_quantized}));
   if (report.quantized_bytes > 0) {
     LogF(LogLevel::kInfo,
          "%s: GGUF, %.1f MB (%s tensors): %.1f MB of weights, of which %.1f MB of matrices kept "
          "in their block types, the rest float32",
-         path.c_str(), report.file_bytes / 1e6,
-         DescribeTensorTypes(report.tensors_by_type).c_str(), report.weight_bytes / 1e6,
-         report.quantized_bytes / 1e6);
+         path.c_str(), report.file_bytes / 1e6, DescribeTensorTypes(report.tensors_by_type).c_str(),
+         report.weight_bytes / 1e6, report.quantized_bytes / 1e6);
   } else {
     LogF(LogLevel::kInfo,
          "%s: GGUF, %.1f MB (%s tensors), dequantized to float32 at load: %.1f MB of weights",
-         path.c_str(), report.file_bytes / 1e6,
-         DescribeTensorTypes(report.tensors_by_type).c_str(), report.weight_bytes / 1e6);
+         path.c_str(), report.file_bytes / 1e6, DescribeTensorTypes(report.tensors_by_type).c_str(),
+         report.weight_bytes / 1e6);
   }
   out.chat_template = std::move(report.chat_template);
   if (!tokenizer_path.empty() && absl::EndsWith(tokenizer_path, ".bin")) {

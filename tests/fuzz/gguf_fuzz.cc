@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/cpu/quant_matmul.h"
 #include "engine/model/gguf_file.h"
 #include "engine/model/gguf_model.h"
 #include "engine/model/gguf_quant.h"
@@ -92,6 +93,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   } else if (model.status().message().empty()) {
     __builtin_trap();
+  }
+  // The same file with its matrices kept quantized, as the server loads it
+  // for the CPU: it loads exactly when the dequantizing load does, and its
+  // matrices lay out as the CPU backend's panels (and read back).
+  auto kept = coalesce::engine::LoadGgufModel(path, nullptr, {.keep_quantized = true});
+  if (kept.ok() != model.ok()) __builtin_trap();
+  if (kept.ok()) {
+    const coalesce::engine::ModelWeights& w = kept->weights;
+    std::vector<const coalesce::engine::QuantizedMatrix*> matrices = {&w.quantized_token_embedding,
+                                                                      &w.quantized_classifier};
+    for (const coalesce::engine::LayerWeights& l : w.layers) {
+      for (const auto* m : {&l.quantized.wq, &l.quantized.wk, &l.quantized.wv, &l.quantized.wo,
+                            &l.quantized.w1, &l.quantized.w2, &l.quantized.w3}) {
+        matrices.push_back(m);
+      }
+    }
+    for (const coalesce::engine::QuantizedMatrix* m : matrices) {
+      if (m->empty()) continue;
+      auto packed = coalesce::engine::cpu::PackedMatrix::Pack(*m);
+      if (!packed.ok()) __builtin_trap();
+      values.resize(static_cast<size_t>(m->cols));
+      packed->DequantizeRow(packed->rows() - 1, values.data());
+      sink = sink + static_cast<size_t>(values[0] == values[0]);
+    }
   }
   auto tokenizer = coalesce::engine::LoadGgufTokenizer(path);
   if (tokenizer.ok()) {

@@ -335,16 +335,19 @@ int Run() {
       std::fprintf(stderr, "--compare_quantized takes one --kv_cache_dtypes type\n");
       return 1;
     }
-    absl::StatusOr<engine::LoadedModel> kept = engine::LoadModel(
-        {.model = absl::GetFlag(FLAGS_model), .tokenizer = absl::GetFlag(FLAGS_tokenizer),
-         .keep_quantized = true});
+    absl::StatusOr<engine::LoadedModel> kept =
+        engine::LoadModel({.model = absl::GetFlag(FLAGS_model),
+                           .tokenizer = absl::GetFlag(FLAGS_tokenizer),
+                           .keep_quantized = true});
     if (!kept.ok()) {
       std::fprintf(stderr, "%s\n", std::string(kept.status().message()).c_str());
       return 1;
     }
     if (!engine::HasQuantizedWeights(kept->model->weights)) {
-      std::fprintf(stderr, "--compare_quantized: %s has no matrix in Q8_0, Q4_0, Q4_1, Q4_K or "
-                   "Q6_K\n", absl::GetFlag(FLAGS_model).c_str());
+      std::fprintf(stderr,
+                   "--compare_quantized: %s has no matrix in Q8_0, Q4_0, Q4_1, Q4_K or "
+                   "Q6_K\n",
+                   absl::GetFlag(FLAGS_model).c_str());
       return 1;
     }
     models.push_back(kept->model);
@@ -455,8 +458,8 @@ int Run() {
       if (compare) {
         std::printf(compare_quantized ? "%6d %7s %12.2f %12.1f %13.2fx %9.2fx\n"
                                       : "%6d %6s %12.2f %12.1f %13.2fx %9.2fx\n",
-                    batch, labels[d].c_str(),
-                    seconds / (steps * repeat) * 1e3, tps, tps / base_tps[d], tps / first_tps);
+                    batch, labels[d].c_str(), seconds / (steps * repeat) * 1e3, tps,
+                    tps / base_tps[d], tps / first_tps);
       } else {
         std::printf("%6d %12.2f %12.1f %13.2fx\n", batch, seconds / (steps * repeat) * 1e3, tps,
                     tps / base_tps[d]);

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # SmolLM2-135M-Instruct (the Quick start model, fetched once by
-# tools/models/smollm2.py) on this machine: the engine alone at batch 1 and 16
-# against the floor of its weight bytes over the measured memory bandwidth,
-# then the whole server (gRPC streaming included) with 1 and then 16
+# tools/models/smollm2.py) on this machine: the engine alone at batch 1, 16
+# and 64, with the file's Q4_1/Q8_0 matrices dequantized to float32 and kept
+# in their blocks (as the server runs them), each against the floor of its
+# weight bytes over the measured memory bandwidth, then the whole server (gRPC streaming included) with 1 and then 16
 # concurrent streams of ChatML questions that ask for long answers
 # (tools/bench/workloads/chatml-long-answers.jsonl, at most 128 tokens each).
 # Run after tools/build.sh. Extra arguments go to both coalesce-bench runs.
@@ -12,8 +13,8 @@ bin=build/bin
 model="$(python3 tools/models/smollm2.py build/models)"
 
 echo "## engine alone"
-"$bin/coalesce-engine-bench" --model="$model" --batch_sizes=1,16 --context=128 --steps=16 \
-  --sample --limits
+"$bin/coalesce-engine-bench" --model="$model" --batch_sizes=1,16,64 --context=128 --steps=16 \
+  --sample --limits --compare_quantized
 
 port=50094
 "$bin/coalesce-server" --model="$model" --max_batch_size=16 --host=127.0.0.1 --port=$port \

@@ -172,9 +172,9 @@ absl::StatusOr<std::shared_ptr<const Model>> Load(const Options& o) {
     ASSIGN_OR_RETURN(Model model, LoadHfModel(o.model));
     return std::make_shared<const Model>(std::move(model));
   }
-  ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel({.model = o.model,
-                                                  .tokenizer = o.tokenizer,
-                                                  .keep_quantized = o.keep_quantized}));
+  ASSIGN_OR_RETURN(
+      LoadedModel loaded,
+      LoadModel({.model = o.model, .tokenizer = o.tokenizer, .keep_quantized = o.keep_quantized}));
   return loaded.model;
 }
 

@@ -5,6 +5,8 @@
 // (MatmulReference) on those dequantized weights, for both instruction sets,
 // one or two threads, and shapes around every edge (panel rows, tile
 // heights, the 1024-value block of k).
+#include "engine/cpu/quant_matmul.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -14,7 +16,6 @@
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/kv_quant.h"
-#include "engine/cpu/quant_matmul.h"
 #include "engine/cpu/thread_pool.h"
 #include "engine/model.h"
 #include "engine/model/gguf_quant.h"
@@ -133,8 +134,8 @@ struct Shape {
 
 // Rows of X around the tile heights (6, 12) and past 48; rows of W around
 // the 32-row panel; columns past the 1024-value block of k.
-const Shape kShapes[] = {{1, 1, 1},   {1, 33, 2},  {2, 31, 1},  {5, 64, 3},   {7, 65, 33},
-                         {12, 32, 4}, {13, 40, 1}, {48, 7, 2},  {70, 96, 5},  {1, 100, 40}};
+const Shape kShapes[] = {{1, 1, 1},   {1, 33, 2},  {2, 31, 1}, {5, 64, 3},  {7, 65, 33},
+                         {12, 32, 4}, {13, 40, 1}, {48, 7, 2}, {70, 96, 5}, {1, 100, 40}};
 
 void CheckProduct(MatmulIsa isa, int threads) {
   ThreadPool pool(threads);
@@ -155,10 +156,10 @@ void CheckProduct(MatmulIsa isa, int threads) {
       std::vector<float> want(static_cast<size_t>(s.m) * ldy, -1.0f), got = want;
       MatmulReference(x.data(), ldx, s.m, w.data(), s.rows, k, want.data(), ldy);
       QuantMatmul(pool, x.data(), ldx, s.m, *packed, got.data(), ldy, isa);
-      ExpectSameBits(want.data(), got.data(), static_cast<int64_t>(want.size()),
-                     absl::StrCat(QuantTypeName(type), " m=", s.m, " rows=", s.rows, " k=", k,
-                                  isa == MatmulIsa::kAvx512 ? " AVX-512" : " AVX2", " threads=",
-                                  threads));
+      ExpectSameBits(
+          want.data(), got.data(), static_cast<int64_t>(want.size()),
+          absl::StrCat(QuantTypeName(type), " m=", s.m, " rows=", s.rows, " k=", k,
+                       isa == MatmulIsa::kAvx512 ? " AVX-512" : " AVX2", " threads=", threads));
     }
   }
 }

@@ -613,11 +613,11 @@ TEST(GgufModelTest, KeptQuantizedMatricesGiveTheDequantizedModelsLogits) {
       std::mt19937 rng(9);
       GgufSpec spec = ModelFile(arch, RandomWeights(arch, untied, 9));
       std::vector<std::pair<std::string, GgmlType>> typed = {
-          {"token_embd.weight", GgmlType::kQ8_0},       {"blk.0.attn_q.weight", GgmlType::kQ4_0},
-          {"blk.0.attn_k.weight", GgmlType::kQ4_1},     {"blk.0.attn_v.weight", GgmlType::kF16},
+          {"token_embd.weight", GgmlType::kQ8_0},        {"blk.0.attn_q.weight", GgmlType::kQ4_0},
+          {"blk.0.attn_k.weight", GgmlType::kQ4_1},      {"blk.0.attn_v.weight", GgmlType::kF16},
           {"blk.0.attn_output.weight", GgmlType::kQ8_0}, {"blk.0.ffn_down.weight", GgmlType::kQ6_K},
-          {"blk.1.ffn_down.weight", GgmlType::kQ4_K},   {"blk.1.ffn_gate.weight", GgmlType::kQ5_0},
-          {"blk.1.attn_q.weight", GgmlType::kQ8_0},     {"blk.1.attn_k.weight", GgmlType::kQ4_0}};
+          {"blk.1.ffn_down.weight", GgmlType::kQ4_K},    {"blk.1.ffn_gate.weight", GgmlType::kQ5_0},
+          {"blk.1.attn_q.weight", GgmlType::kQ8_0},      {"blk.1.attn_k.weight", GgmlType::kQ4_0}};
       if (untied) typed.emplace_back("output.weight", GgmlType::kQ4_1);
       for (const auto& [name, type] : typed) {
         const TensorSpec& t = spec.tensor(name);
