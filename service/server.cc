@@ -6,6 +6,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
@@ -56,13 +57,26 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
   *exit_code = 1;
   std::unique_ptr<Server> s(new Server(options));
 
-  // 1. The model.
+  // 1. The model: a quantized file's blocks kept, and --quantize, for the
+  // CPU engine only.
+  const bool on_cpu = KeepQuantizedWeights(options);
+  if (options.quantize.has_value() && !on_cpu) {
+    Log(LogLevel::kError,
+        absl::StrCat("--quantize=", absl::AsciiStrToLower(engine::QuantTypeName(*options.quantize)),
+                     ": quantized weights are for the CPU engine (--device=cpu, or auto without a "
+                     "usable GPU); the ",
+                     options.device == Device::kNull ? "null backend does no arithmetic"
+                                                     : "GPU engine takes float weights"));
+    *exit_code = 2;
+    return nullptr;
+  }
   const absl::Time load_start = absl::Now();
   absl::StatusOr<engine::LoadedModel> loaded =
       engine::LoadModel({.model = options.model,
                          .tokenizer = options.tokenizer,
                          .chat_template = options.chat_template,
-                         .keep_quantized = KeepQuantizedWeights(options)});
+                         .keep_quantized = on_cpu,
+                         .quantize = options.quantize});
   if (!loaded.ok()) {
     Log(LogLevel::kError, absl::StrCat("cannot load the model: ", loaded.status().message()));
     return nullptr;

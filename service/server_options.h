@@ -9,6 +9,7 @@
 #include "absl/time/time.h"
 #include "batcher/engine_loop.h"
 #include "batcher/scheduler.h"
+#include "engine/model.h"
 #include "engine/precision.h"
 #include "service/tls.h"
 
@@ -41,6 +42,9 @@ struct ServerOptions {
   // The KV cache's element type; nullopt is auto: fp32 on the CPU, the
   // weights' precision on CUDA.
   std::optional<engine::KvDtype> kv_cache_dtype;
+  // --quantize: float32 weight matrices quantized at load (CPU only);
+  // nullopt keeps them.
+  std::optional<engine::QuantType> quantize;
   bool cuda_graphs = true;  // CUDA: replay captured graphs for decode steps
   int kv_block_size = 16;
   std::string kv_cache_memory = "auto";

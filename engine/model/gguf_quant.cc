@@ -7,7 +7,9 @@
 // a last bit.)
 #include "engine/model/gguf_quant.h"
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -269,6 +271,115 @@ float HalfToFloat(uint16_t h) {
   // Zero or subnormal: mantissa * 2^-24, exact in float32.
   const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
   return sign ? -magnitude : magnitude;
+}
+
+uint16_t FloatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);
+  const uint32_t magnitude = x & 0x7FFFFFFFu;
+  if (magnitude > 0x7F800000u) {  // NaN: quiet, top of the payload kept
+    return static_cast<uint16_t>(sign | 0x7E00 | ((magnitude >> 13) & 0x3FF));
+  }
+  // 65520 and up (the tie between 65504 and 65536 included) round to infinity.
+  if (magnitude >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00);
+  if (magnitude >= 0x38800000u) {
+    // A normal half: round the 13 dropped bits to nearest even (a carry
+    // moves into the exponent), then rebias the exponent from 127 to 15.
+    const uint32_t rounded = magnitude + 0x0FFFu + ((magnitude >> 13) & 1u);
+    return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+  }
+  // A subnormal half (or zero): units of 2^-24, rounded to nearest even.
+  const float units = BitsToFloat(magnitude) * 0x1p24f;  // exact, below 2^10
+  return static_cast<uint16_t>(sign | static_cast<uint16_t>(std::nearbyint(units)));
+}
+
+namespace {
+
+void Store16(uint8_t* p, uint16_t v) {
+  p[0] = static_cast<uint8_t>(v);
+  p[1] = static_cast<uint8_t>(v >> 8);
+}
+
+// One block of 32 floats, as gguf.quants' quantize_blocks writes it.
+void QuantizeBlockQ8_0(const float* x, uint8_t* b) {
+  float amax = 0.0f;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float d = amax / 127.0f;
+  const float id = d == 0.0f ? 0.0f : 1.0f / d;
+  Store16(b, FloatToHalf(d));
+  for (int i = 0; i < 32; ++i) {
+    b[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::round(x[i] * id)));
+  }
+}
+
+void QuantizeBlockQ4_0(const float* x, uint8_t* b) {
+  float amax = 0.0f, max = 0.0f;
+  for (int i = 0; i < 32; ++i) {
+    if (std::fabs(x[i]) > amax) {  // the first of the largest magnitude
+      amax = std::fabs(x[i]);
+      max = x[i];
+    }
+  }
+  const float d = max / -8.0f;
+  const float id = d == 0.0f ? 0.0f : 1.0f / d;
+  Store16(b, FloatToHalf(d));
+  auto q = [&](int i) {
+    const float t = std::trunc(x[i] * id + 8.5f);
+    return static_cast<uint8_t>(std::clamp(t, 0.0f, 15.0f));
+  };
+  for (int i = 0; i < 16; ++i) b[2 + i] = static_cast<uint8_t>(q(i) | q(i + 16) << 4);
+}
+
+void QuantizeBlockQ4_1(const float* x, uint8_t* b) {
+  float max = x[0], min = x[0];
+  for (int i = 1; i < 32; ++i) {
+    max = std::max(max, x[i]);
+    min = std::min(min, x[i]);
+  }
+  const float d = (max - min) / 15.0f;
+  const float id = d == 0.0f ? 0.0f : 1.0f / d;
+  Store16(b, FloatToHalf(d));
+  Store16(b + 2, FloatToHalf(min));
+  auto q = [&](int i) {
+    const float t = std::trunc((x[i] - min) * id + 0.5f);
+    return static_cast<uint8_t>(std::clamp(t, 0.0f, 15.0f));
+  };
+  for (int i = 0; i < 16; ++i) b[4 + i] = static_cast<uint8_t>(q(i) | q(i + 16) << 4);
+}
+
+}  // namespace
+
+absl::Status QuantizeFromFloat(GgmlType type, const float* src, int64_t n, void* dst) {
+  if (type != GgmlType::kQ8_0 && type != GgmlType::kQ4_0 && type != GgmlType::kQ4_1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("quantizing to ", DescribeGgmlTypeId(static_cast<uint32_t>(type)),
+                     " is not supported (supported: Q8_0, Q4_0, Q4_1)"));
+  }
+  if (n < 0 || n % 32 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(n, " elements are not a whole number of blocks of 32"));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(src[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("element ", i, " is ", src[i], ": only finite values can be quantized"));
+    }
+  }
+  const int64_t bytes = GetGgmlTypeInfo(type).block_bytes;
+  auto* out = static_cast<uint8_t*>(dst);
+  for (int64_t block = 0; block < n / 32; ++block) {
+    const float* x = src + block * 32;
+    uint8_t* b = out + block * bytes;
+    if (type == GgmlType::kQ8_0) {
+      QuantizeBlockQ8_0(x, b);
+    } else if (type == GgmlType::kQ4_0) {
+      QuantizeBlockQ4_0(x, b);
+    } else {
+      QuantizeBlockQ4_1(x, b);
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::optional<GgmlTypeInfo> FindGgmlType(uint32_t id) {

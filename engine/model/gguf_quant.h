@@ -100,4 +100,20 @@ absl::Status DequantizeToFloat(GgmlType type, const void* src, int64_t n, float*
 // The float32 value of an IEEE binary16 (exact; NaN payloads kept).
 float HalfToFloat(uint16_t h);
 
+// The IEEE binary16 nearest to f, ties to even (numpy's astype(float16)):
+// past 65504 it rounds to infinity; a NaN stays a quiet NaN.
+uint16_t FloatToHalf(float f);
+
+// The reverse of DequantizeToFloat for Q8_0, Q4_0 and Q4_1: n floats at src
+// (n a multiple of 32) to n / 32 blocks at dst, byte for byte what
+// gguf.quants.quantize (ggml's reference quantization) writes, in float32
+// with one rounding per operation:
+//   Q8_0: d = max|x| / 127, q = round(x / d) (halves away from zero)
+//   Q4_0: d = x_max / -8 (x_max: the first element of largest magnitude),
+//         q = min(15, trunc(x / d + 8.5))
+//   Q4_1: d = (max - min) / 15, m = min, q = min(15, trunc((x - m) / d + 0.5))
+// (dividing by d as multiplying by 1 / d, 0 when d is 0). INVALID_ARGUMENT
+// for another type, a bad n, or a value that is not finite.
+absl::Status QuantizeFromFloat(GgmlType type, const float* src, int64_t n, void* dst);
+
 }  // namespace coalesce::engine

@@ -14,6 +14,7 @@
 #include "common/status_macros.h"
 #include "engine/model/gguf_model.h"
 #include "engine/model/llama2c.h"
+#include "engine/model/quantize.h"
 #include "engine/model/synthetic.h"
 #include "engine/tokenizer/llama2c_tokenizer.h"
 #if COALESCE_HF_FORMATS
@@ -189,6 +190,19 @@ absl::StatusOr<std::string> ReadChatTemplateFile(const std::string& path) {
 
 absl::StatusOr<LoadedModel> LoadModel(const ModelSpec& spec) {
   ASSIGN_OR_RETURN(LoadedModel out, LoadFormat(spec));
+  if (spec.quantize.has_value()) {
+    QuantizeReport report;
+    ASSIGN_OR_RETURN(out.model, QuantizeModel(out.model, *spec.quantize, &report));
+    LogF(LogLevel::kInfo,
+         "--quantize=%s: %d matrices, %.1f MB of float32 weights quantized to %.1f MB%s",
+         QuantTypeName(*spec.quantize), report.matrices, report.float_bytes / 1e6,
+         report.quantized_bytes / 1e6,
+         report.kept_float > 0
+             ? absl::StrCat(" (", report.kept_float,
+                            " left float32: their rows are not whole blocks of 32)")
+                   .c_str()
+             : "");
+  }
   if (!spec.chat_template.empty()) {
     ASSIGN_OR_RETURN(out.chat_template, ReadChatTemplateFile(spec.chat_template));
   }

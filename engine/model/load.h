@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -27,6 +28,9 @@ struct ModelSpec {
   // blocks (model.h, QuantizedMatrix) instead of becoming float32: for the
   // CPU backend, which computes with them directly. Other formats ignore it.
   bool keep_quantized = false;
+  // --quantize: every float32 weight matrix (model/quantize.h) quantized
+  // to this type at load, for the CPU backend; nullopt keeps them float32.
+  std::optional<QuantType> quantize = std::nullopt;
 };
 
 struct LoadedModel {

@@ -32,6 +32,7 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/memory_bandwidth.h"
 #include "engine/model/load.h"
+#include "engine/model/quantize.h"
 #include "engine/precision.h"
 #include "engine/sampler.h"
 
@@ -67,6 +68,9 @@ ABSL_FLAG(bool, compare_quantized, false,
           "float32 and kept in their block types (as coalesce-server runs them on the CPU), and "
           "print the second against the first; with --limits, each one's smallest batch against "
           "its own weight bytes over the bandwidth.");
+ABSL_FLAG(std::string, quantize, "none",
+          "With --compare_quantized: also quantize the model's float32 matrices at load to "
+          "q8_0 or q4_0 (coalesce-server's --quantize), so that a float model can be compared.");
 ABSL_FLAG(bool, limits, false,
           "Also measure, in the same run and on the same threads, the memory read bandwidth and "
           "the rate of a large single-precision matrix product (OpenBLAS sgemm), and print the "
@@ -335,10 +339,17 @@ int Run() {
       std::fprintf(stderr, "--compare_quantized takes one --kv_cache_dtypes type\n");
       return 1;
     }
+    absl::StatusOr<std::optional<engine::QuantType>> quantize =
+        engine::ParseQuantizeFlag(absl::GetFlag(FLAGS_quantize));
+    if (!quantize.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(quantize.status().message()).c_str());
+      return 1;
+    }
     absl::StatusOr<engine::LoadedModel> kept =
         engine::LoadModel({.model = absl::GetFlag(FLAGS_model),
                            .tokenizer = absl::GetFlag(FLAGS_tokenizer),
-                           .keep_quantized = true});
+                           .keep_quantized = true,
+                           .quantize = *quantize});
     if (!kept.ok()) {
       std::fprintf(stderr, "%s\n", std::string(kept.status().message()).c_str());
       return 1;
@@ -346,7 +357,7 @@ int Run() {
     if (!engine::HasQuantizedWeights(kept->model->weights)) {
       std::fprintf(stderr,
                    "--compare_quantized: %s has no matrix in Q8_0, Q4_0, Q4_1, Q4_K or "
-                   "Q6_K\n",
+                   "Q6_K (--quantize quantizes a float model)\n",
                    absl::GetFlag(FLAGS_model).c_str());
       return 1;
     }

@@ -8,10 +8,12 @@
 //
 //   coalesce-logits --model PATH --steps N --prompt 1,2,3 [--prompt 4,5 ...]
 //                   [--threads T] [--tokenizer FILE] [--keep_quantized true]
+//                   [--quantize q8_0|q4_0]
 //
 // --keep_quantized true keeps a GGUF file's Q8_0, Q4_0, Q4_1, Q4_K and Q6_K
 // matrices in their blocks (engine::ModelSpec::keep_quantized), as the
 // server does on the CPU; by default they are dequantized to float32.
+// --quantize quantizes the float32 matrices at load, as the server's flag.
 //
 // The model is loaded with its tokenizer, as the server loads it (which
 // checks that the two agree); --tokenizer overrides the format's own, as the
@@ -30,6 +32,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +44,7 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/model/hf_model.h"
 #include "engine/model/load.h"
+#include "engine/model/quantize.h"
 #include "engine/sampler.h"
 
 namespace coalesce::engine {
@@ -56,6 +60,7 @@ struct Options {
   int steps = 0;
   int threads = 0;
   bool keep_quantized = false;
+  std::optional<QuantType> quantize;
   std::vector<std::vector<int32_t>> prompts;
 };
 
@@ -123,7 +128,7 @@ absl::StatusOr<Options> ParseArgs(int argc, char** argv) {
     const std::string arg = argv[i];
     const std::string value = i + 1 < argc ? argv[i + 1] : "";
     if (arg != "--model" && arg != "--steps" && arg != "--threads" && arg != "--prompt" &&
-        arg != "--tokenizer" && arg != "--keep_quantized") {
+        arg != "--tokenizer" && arg != "--keep_quantized" && arg != "--quantize") {
       return absl::InvalidArgumentError(absl::StrCat("unknown argument ", arg));
     }
     if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
@@ -138,6 +143,8 @@ absl::StatusOr<Options> ParseArgs(int argc, char** argv) {
             absl::StrCat("--keep_quantized ", value, ": need true or false"));
       }
       o.keep_quantized = value == "true";
+    } else if (arg == "--quantize") {
+      ASSIGN_OR_RETURN(o.quantize, ParseQuantizeFlag(value));
     } else if (arg == "--steps" || arg == "--threads") {
       int v = 0;
       if (!absl::SimpleAtoi(value, &v) || v < 0) {
@@ -159,7 +166,7 @@ absl::StatusOr<Options> ParseArgs(int argc, char** argv) {
   if (o.model.empty() || o.steps < 1 || o.prompts.empty()) {
     return absl::InvalidArgumentError(
         "usage: coalesce-logits --model PATH --steps N --prompt 1,2,3 [--prompt ...] "
-        "[--threads T] [--tokenizer FILE] [--keep_quantized true]");
+        "[--threads T] [--tokenizer FILE] [--keep_quantized true] [--quantize q8_0|q4_0]");
   }
   return o;
 }
@@ -172,9 +179,10 @@ absl::StatusOr<std::shared_ptr<const Model>> Load(const Options& o) {
     ASSIGN_OR_RETURN(Model model, LoadHfModel(o.model));
     return std::make_shared<const Model>(std::move(model));
   }
-  ASSIGN_OR_RETURN(
-      LoadedModel loaded,
-      LoadModel({.model = o.model, .tokenizer = o.tokenizer, .keep_quantized = o.keep_quantized}));
+  ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel({.model = o.model,
+                                                  .tokenizer = o.tokenizer,
+                                                  .keep_quantized = o.keep_quantized,
+                                                  .quantize = o.quantize}));
   return loaded.model;
 }
 

@@ -187,11 +187,12 @@ def write_tokenizer_bin(path, vocab):
             f.write(struct.pack("<fi", 0.0, len(piece)) + piece)
 
 
-def write_random_gguf(path, arch, seed):
+def write_random_gguf(path, arch, seed, matrix_type=None):
     """A small model with random weights that give peaked logits. llama: an
     untied classifier, vocab_size from tokenizer.ggml.tokens; qwen2: q/k/v
     biases, tied, vocab_size from the key. Tensors in F32, F16, Q8_0 and
-    Q4_1."""
+    Q4_1; with matrix_type, every matrix in that type instead (the same
+    floats for the same seed)."""
     rng = np.random.default_rng(seed)
     kv = DIM // HEADS * KV_HEADS
 
@@ -217,6 +218,8 @@ def write_random_gguf(path, arch, seed):
         w.add_vocab_size(VOCAB)
 
     def add(name, array, qtype=T.F32):
+        if matrix_type is not None and array.ndim == 2:
+            qtype = matrix_type
         if qtype == T.F32:
             w.add_tensor(name, array)
         elif qtype == T.F16:
@@ -269,3 +272,39 @@ def test_random_gguf_matches_transformers(tmp_path, arch):
     assert info["vocab_size"] == VOCAB and info["max_seq_len"] == 128, info
     assert info["bos_token_id"] == 1 and info["eos_token_ids"] == [2], info
     check_parity(engine, model, RANDOM_PROMPTS, RANDOM_STEPS, f"random {arch} GGUF")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
+def test_quantize_at_load_writes_the_blocks_gguf_writes(tmp_path, arch, qtype):
+    """--quantize: the engine quantizes a float32 model at load into the
+    blocks gguf.quants.quantize (ggml's reference quantization) writes for the
+    same floats. So the float32 file quantized at load and the file quantized
+    by gguf must give the same logits, bit for bit, and differ from the float
+    model's."""
+    floats, quantized = tmp_path / "f32.gguf", tmp_path / f"{qtype}.gguf"
+    seed = 11 if arch == "llama" else 12
+    write_random_gguf(floats, arch, seed, matrix_type=T.F32)
+    write_random_gguf(quantized, arch, seed, matrix_type=getattr(T, qtype.upper()))
+    tokenizer_bin = tmp_path / "tokenizer.bin"
+    write_tokenizer_bin(tokenizer_bin, VOCAB)
+
+    def run(model, *flags):
+        command = [logits_binary(), "--model", str(model), "--steps", str(RANDOM_STEPS),
+                   "--threads", "2", "--tokenizer", str(tokenizer_bin), *flags]
+        for prompt in RANDOM_PROMPTS:
+            command += ["--prompt", ",".join(map(str, prompt))]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout), done.stderr
+
+    at_load, log = run(floats, "--quantize", qtype)
+    assert f"--quantize={qtype.upper()}: " in log, log
+    by_gguf, _ = run(quantized, "--keep_quantized", "true")
+    float_run, _ = run(floats)
+    for p in range(len(RANDOM_PROMPTS)):
+        assert at_load["alone"][p]["logits"] == by_gguf["alone"][p]["logits"], (
+            f"prompt {p}: quantized at load differs from gguf's {qtype} blocks")
+        assert at_load["batched"][p]["logits"] == at_load["alone"][p]["logits"], p
+    assert any(at_load["alone"][p]["logits"] != float_run["alone"][p]["logits"]
+               for p in range(len(RANDOM_PROMPTS))), "quantizing changed nothing"
