@@ -497,7 +497,11 @@ int Run() {
   const double floor_seconds = weight_bytes / bandwidth;
   const double rate = large_batch * flops_per_token / large_seconds;
   std::printf("\nlimits, measured in this run on %d threads:\n", threads);
-  std::printf("  memory read bandwidth            %8.1f GB/s\n", bandwidth / 1e9);
+  const double one_stream = engine::MeasureMemoryReadBandwidth(threads, 1);
+  std::printf(
+      "  memory read bandwidth            %8.1f GB/s (8 streams a thread; one stream a "
+      "thread: %.1f GB/s)\n",
+      bandwidth / 1e9, one_stream / 1e9);
   std::printf("  sgemm 2048^3 (OpenBLAS, core %s) %8.1f GFLOP/s\n", openblas_get_corename(),
               sgemm / 1e9);
   std::printf(
