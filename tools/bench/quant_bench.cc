@@ -1,0 +1,255 @@
+// coalesce-quant-bench: the CPU engine's matrix products of one decode step,
+// by weight type, against the floor of their weight bytes over the memory
+// read bandwidth measured in the same run.
+//
+//   build/bin/coalesce-quant-bench --model=synthetic:110m --rows=1,16
+//
+// For the model's shape it builds every weight matrix a step multiplies
+// (each layer's q, k, v, o, gate, up and down projections, and the
+// classifier) in each --types type, float32 (the engine's own product,
+// cpu/kernels.h) or a quantized block type (cpu/quant_matmul.h, random
+// blocks with small finite scales: the kernels' speed does not depend on the
+// values), and times all of them against --rows rows of activations, the
+// median of --repeat passes. Attention, norms and sampling are left out: at
+// batch 1 and short contexts they are a small part of a step
+// (coalesce-engine-bench measures whole steps).
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/flags.h"
+#include "engine/cpu/kernels.h"
+#include "engine/cpu/kv_quant.h"
+#include "engine/cpu/memory_bandwidth.h"
+#include "engine/cpu/quant_matmul.h"
+#include "engine/cpu/thread_pool.h"
+#include "engine/model/load.h"
+#include "engine/sampler.h"
+
+ABSL_FLAG(std::string, model, "synthetic:110m",
+          "Whose shape: synthetic:NAME, a Hugging Face folder, a GGUF file or a llama2.c "
+          "checkpoint (only its shape is used).");
+ABSL_FLAG(std::string, types, "fp32,q8_0,q4_0,q4_1,q4_k,q6_k", "Comma-separated weight types.");
+ABSL_FLAG(std::string, rows, "1,16", "Comma-separated rows of activations (sequences).");
+ABSL_FLAG(int, repeat, 15, "Passes over every matrix per measurement; the median is printed.");
+ABSL_FLAG(int, threads, 0, "Threads; 0: one per core.");
+
+namespace coalesce {
+namespace {
+
+struct Shape {
+  int rows, cols;
+};
+
+// Every matrix one decode step multiplies, [out][in].
+std::vector<Shape> StepMatrices(const engine::ModelConfig& c) {
+  std::vector<Shape> out;
+  for (int l = 0; l < c.n_layers; ++l) {
+    for (const Shape s : {Shape{c.dim, c.dim}, Shape{c.kv_dim(), c.dim}, Shape{c.kv_dim(), c.dim},
+                          Shape{c.dim, c.dim}, Shape{c.hidden_dim, c.dim},
+                          Shape{c.hidden_dim, c.dim}, Shape{c.dim, c.hidden_dim}}) {
+      out.push_back(s);
+    }
+  }
+  out.push_back({c.vocab_size, c.dim});
+  return out;
+}
+
+void PutHalf(uint8_t* p, float value) {
+  const uint16_t bits = engine::cpu::ToFp16(value).bits;
+  p[0] = static_cast<uint8_t>(bits);
+  p[1] = static_cast<uint8_t>(bits >> 8);
+}
+
+// rows x cols of random blocks of `type` with small finite scales.
+std::vector<uint8_t> RandomBlocks(engine::QuantType type, int rows, int cols, engine::Rng& rng) {
+  const int64_t blocks = int64_t{rows} * cols / engine::QuantBlockSize(type);
+  const int bytes = engine::QuantBlockBytes(type);
+  std::vector<uint8_t> data(static_cast<size_t>(blocks * bytes));
+  for (uint8_t& b : data) b = static_cast<uint8_t>(rng.NextU64());
+  for (int64_t i = 0; i < blocks; ++i) {
+    uint8_t* b = data.data() + i * bytes;
+    const float d = (rng.NextFloat() + 0.5f) * 1e-3f;
+    switch (type) {
+      case engine::QuantType::kQ8_0:
+      case engine::QuantType::kQ4_0:
+        PutHalf(b, d);
+        break;
+      case engine::QuantType::kQ4_1:
+      case engine::QuantType::kQ4_K:
+        PutHalf(b, d);
+        PutHalf(b + 2, -d);
+        break;
+      case engine::QuantType::kQ6_K:
+        PutHalf(b + 208, d);
+        break;
+    }
+  }
+  return data;
+}
+
+// "q4_k" -> kQ4_K.
+std::optional<engine::QuantType> TypeNamed(absl::string_view name) {
+  for (const engine::QuantType t :
+       {engine::QuantType::kQ8_0, engine::QuantType::kQ4_0, engine::QuantType::kQ4_1,
+        engine::QuantType::kQ4_K, engine::QuantType::kQ6_K}) {
+    if (absl::AsciiStrToLower(engine::QuantTypeName(t)) == name) return t;
+  }
+  return std::nullopt;
+}
+
+struct Result {
+  double bytes = 0;
+  std::vector<double> seconds;  // per --rows entry
+};
+
+template <typename Fn>
+double Median(int repeat, Fn&& pass) {
+  pass();  // warm-up
+  std::vector<double> s;
+  for (int i = 0; i < repeat; ++i) {
+    const absl::Time start = absl::Now();
+    pass();
+    s.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  std::sort(s.begin(), s.end());
+  return s[s.size() / 2];
+}
+
+int Run() {
+  absl::StatusOr<engine::LoadedModel> loaded =
+      engine::LoadModel({.model = absl::GetFlag(FLAGS_model)});
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(loaded.status().message()).c_str());
+    return 1;
+  }
+  const engine::ModelConfig config = loaded->model->config;
+  loaded->model.reset();  // only the shape is needed
+  std::vector<int> row_counts;
+  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_rows), ',')) {
+    int n;
+    if (!absl::SimpleAtoi(s, &n) || n < 1) {
+      std::fprintf(stderr, "bad --rows\n");
+      return 1;
+    }
+    row_counts.push_back(n);
+  }
+  int threads = absl::GetFlag(FLAGS_threads);
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
+  engine::cpu::ThreadPool pool(threads);
+  const std::vector<Shape> shapes = StepMatrices(config);
+  int max_cols = 0, max_rows = 0;
+  for (const Shape& s : shapes) {
+    max_cols = std::max(max_cols, s.cols);
+    max_rows = std::max(max_rows, s.rows);
+  }
+  const int max_m = *std::max_element(row_counts.begin(), row_counts.end());
+  engine::Rng rng(7);
+  std::vector<float> x(static_cast<size_t>(max_m) * max_cols),
+      y(static_cast<size_t>(max_m) * max_rows);
+  for (float& v : x) v = rng.NextFloat() - 0.5f;
+
+  std::printf(
+      "model %s shape: %zu matrices of a decode step, %.1fM weights; %d threads\n",
+      config.name.c_str(), shapes.size(),
+      [&] {
+        double n = 0;
+        for (const Shape& s : shapes) n += double{1} * s.rows * s.cols;
+        return n / 1e6;
+      }(),
+      threads);
+  std::vector<std::pair<std::string, Result>> results;
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_types), ',')) {
+    Result r;
+    if (name == "fp32") {
+      std::vector<std::vector<float>> w;
+      for (const Shape& s : shapes) {
+        w.emplace_back(static_cast<size_t>(s.rows) * s.cols);
+        for (float& v : w.back()) v = (rng.NextFloat() - 0.5f) * 0.05f;
+        r.bytes += 4.0 * s.rows * s.cols;
+      }
+      for (const int m : row_counts) {
+        r.seconds.push_back(Median(repeat, [&] {
+          for (size_t i = 0; i < shapes.size(); ++i) {
+            engine::cpu::Matmul(pool, x.data(), shapes[i].cols, m, w[i].data(), shapes[i].rows,
+                                shapes[i].cols, y.data(), shapes[i].rows);
+          }
+        }));
+      }
+    } else {
+      const std::optional<engine::QuantType> type = TypeNamed(name);
+      if (!type.has_value()) {
+        std::fprintf(stderr, "--types: unknown type %s\n", std::string(name).c_str());
+        return 1;
+      }
+      std::vector<engine::cpu::PackedMatrix> w;
+      for (const Shape& s : shapes) {
+        if (s.cols % engine::QuantBlockSize(*type) != 0) {
+          std::fprintf(stderr, "%s: a row of %d is not whole blocks of %d\n",
+                       std::string(name).c_str(), s.cols, engine::QuantBlockSize(*type));
+          return 1;
+        }
+        const std::vector<uint8_t> blocks = RandomBlocks(*type, s.rows, s.cols, rng);
+        absl::StatusOr<engine::cpu::PackedMatrix> packed = engine::cpu::PackedMatrix::Pack(
+            {.type = *type, .rows = s.rows, .cols = s.cols, .data = blocks.data()});
+        if (!packed.ok()) {
+          std::fprintf(stderr, "%s\n", std::string(packed.status().message()).c_str());
+          return 1;
+        }
+        r.bytes += static_cast<double>(packed->bytes());
+        w.push_back(*std::move(packed));
+      }
+      for (const int m : row_counts) {
+        r.seconds.push_back(Median(repeat, [&] {
+          for (size_t i = 0; i < shapes.size(); ++i) {
+            engine::cpu::QuantMatmul(pool, x.data(), shapes[i].cols, m, w[i], y.data(),
+                                     shapes[i].rows);
+          }
+        }));
+      }
+    }
+    results.emplace_back(std::string(name), std::move(r));
+  }
+  const double bandwidth = engine::MeasureMemoryReadBandwidth(threads);
+  std::printf("memory read bandwidth, measured after: %.1f GB/s\n", bandwidth / 1e9);
+  std::printf("%6s %10s %10s", "type", "MB", "floor ms");
+  for (const int m : row_counts) std::printf(" %9s%-3d", "ms rows=", m);
+  std::printf(" %14s", "rows=1 / floor");
+  if (!results.empty() && results[0].first == "fp32") std::printf(" %s", "speed vs fp32 by rows");
+  std::printf("\n");
+  for (const auto& [name, r] : results) {
+    const double floor = r.bytes / bandwidth;
+    std::printf("%6s %10.1f %10.2f", name.c_str(), r.bytes / 1e6, floor * 1e3);
+    for (const double s : r.seconds) std::printf(" %12.2f", s * 1e3);
+    std::printf(" %13.1f%%", 100.0 * floor / r.seconds[0]);
+    if (results[0].first == "fp32") {
+      for (size_t i = 0; i < r.seconds.size(); ++i) {
+        std::printf(" %.2fx", results[0].second.seconds[i] / r.seconds[i]);
+      }
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace coalesce
+
+int main(int argc, char** argv) {
+  coalesce::ParseFlags(argc, argv,
+                       "Times a decode step's matrix products by weight type against the floor of "
+                       "their bytes over the measured memory bandwidth.");
+  return coalesce::Run();
+}
