@@ -110,6 +110,7 @@ absl::StatusOr<engine::CpuBackendOptions> CpuOptions(const ServerOptions& option
   engine::CpuBackendOptions out;
   out.kv_cache = {options.kv_block_size, static_cast<int>(num_blocks), dtype};
   out.threads = options.threads;
+  out.int8_activations = options.int8_activations;
   return out;
 }
 

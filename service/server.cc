@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "engine/cpu/memory_bandwidth.h"
+#include "engine/cpu/quant_int8.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "service/backend_factory.h"
@@ -135,6 +136,11 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
   const engine::KvCacheConfig& kv = b.kv_cache();
   const int64_t context_blocks = (config.max_seq_len + kv.block_size - 1) / kv.block_size;
   LogF(LogLevel::kInfo, "backend: %s", b.Describe());
+  if (options.int8_activations && b.name() == "cpu" && !engine::cpu::Int8DotSupported()) {
+    Log(LogLevel::kWarning,
+        "--int8_activations: this processor has no AVX512-VNNI; the quantized weights multiply "
+        "float32 activations, exactly");
+  }
   const engine::BackendCapabilities capabilities = b.capabilities();
   if (!capabilities.runs_model) {
     Log(LogLevel::kWarning,

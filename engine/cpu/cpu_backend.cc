@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/kv_quant.h"
+#include "engine/cpu/quant_int8.h"
 #include "engine/cpu/quant_matmul.h"
 #include "engine/cpu/thread_pool.h"
 #include "engine/simd.h"
@@ -70,42 +72,79 @@ void AddBias(std::span<const float> bias, int num_rows, float* rows) {
   }
 }
 
+// A quantized matrix as the backend computes with it: panels whose product
+// equals the float32 one on the dequantized weights (cpu/quant_matmul.h),
+// or, with --int8_activations, the int8 layout (cpu/quant_int8.h).
+class QuantWeight {
+ public:
+  explicit QuantWeight(cpu::PackedMatrix panels) : panels_(std::move(panels)) {}
+  explicit QuantWeight(cpu::Int8Matrix int8) : int8_(std::move(int8)) {}
+
+  int64_t bytes() const { return panels_ ? panels_->bytes() : int8_->bytes(); }
+  void DequantizeRow(int r, float* out) const {
+    panels_ ? panels_->DequantizeRow(r, out) : int8_->DequantizeRow(r, out);
+  }
+  void Apply(cpu::ThreadPool& pool, const float* x, int64_t ldx, int m, float* y,
+             int64_t ldy) const {
+    if (panels_) {
+      cpu::QuantMatmul(pool, x, ldx, m, *panels_, y, ldy);
+    } else {
+      cpu::Int8Matmul(pool, x, ldx, m, *int8_, y, ldy);
+    }
+  }
+
+ private:
+  std::optional<cpu::PackedMatrix> panels_;
+  std::optional<cpu::Int8Matrix> int8_;
+};
+
 // A weight matrix as the backend reads it: the model's float32, or its
-// quantized blocks laid out as panels (cpu/quant_matmul.h).
+// quantized blocks.
 struct Matrix {
   const float* f = nullptr;
-  const cpu::PackedMatrix* q = nullptr;
+  const QuantWeight* q = nullptr;
 };
 
-// The model's quantized matrices laid out as panels; a tied classifier
-// shares the embedding's.
+// The model's quantized matrices as the backend computes with them; a tied
+// classifier shares the embedding's.
 struct PackedWeights {
   struct Layer {
-    std::unique_ptr<cpu::PackedMatrix> wq, wk, wv, wo, w1, w2, w3;
+    std::unique_ptr<QuantWeight> wq, wk, wv, wo, w1, w2, w3;
   };
   std::vector<Layer> layers;
-  std::unique_ptr<cpu::PackedMatrix> token_embedding, classifier;
-  int64_t bytes = 0;     // of the panels
-  int64_t elements = 0;  // weights they hold
-  std::string types;     // "Q8_0, Q4_1": the types held, for Describe()
+  std::unique_ptr<QuantWeight> token_embedding, classifier;
+  bool int8 = false;      // --int8_activations, where the processor has it
+  int64_t bytes = 0;      // of the laid-out matrices
+  int64_t elements = 0;   // weights they hold
+  int int8_matrices = 0;  // of which in the int8 layout
+  std::string types;      // "Q8_0, Q4_1": the types held, for Describe()
 };
 
-absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> PackIf(const QuantizedMatrix& m,
-                                                          PackedWeights& out) {
+absl::StatusOr<std::unique_ptr<QuantWeight>> PackIf(const QuantizedMatrix& m, PackedWeights& out) {
   if (m.empty()) return nullptr;
-  absl::StatusOr<cpu::PackedMatrix> packed = cpu::PackedMatrix::Pack(m);
-  if (!packed.ok()) return packed.status();
-  out.bytes += packed->bytes();
+  std::unique_ptr<QuantWeight> weight;
+  if (out.int8 && cpu::Int8DotType(m.type)) {
+    absl::StatusOr<cpu::Int8Matrix> packed = cpu::Int8Matrix::Pack(m);
+    if (!packed.ok()) return packed.status();
+    weight = std::make_unique<QuantWeight>(*std::move(packed));
+    ++out.int8_matrices;
+  } else {
+    absl::StatusOr<cpu::PackedMatrix> packed = cpu::PackedMatrix::Pack(m);
+    if (!packed.ok()) return packed.status();
+    weight = std::make_unique<QuantWeight>(*std::move(packed));
+  }
+  out.bytes += weight->bytes();
   out.elements += m.rows * m.cols;
   const std::string name = QuantTypeName(m.type);
   if (out.types.find(name) == std::string::npos) {
     absl::StrAppend(&out.types, out.types.empty() ? "" : ", ", name);
   }
-  return std::make_unique<cpu::PackedMatrix>(*std::move(packed));
+  return weight;
 }
 
-absl::StatusOr<PackedWeights> PackWeights(const ModelWeights& w) {
+absl::StatusOr<PackedWeights> PackWeights(const ModelWeights& w, bool int8) {
   PackedWeights out;
+  out.int8 = int8;
   for (const LayerWeights& l : w.layers) {
     PackedWeights::Layer& p = out.layers.emplace_back();
     const LayerWeights::Quantized& q = l.quantized;
@@ -116,18 +155,16 @@ absl::StatusOr<PackedWeights> PackWeights(const ModelWeights& w) {
                             {&q.w1, &p.w1},
                             {&q.w2, &p.w2},
                             {&q.w3, &p.w3}}) {
-      absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> packed = PackIf(*from, out);
+      absl::StatusOr<std::unique_ptr<QuantWeight>> packed = PackIf(*from, out);
       if (!packed.ok()) return packed.status();
       *to = *std::move(packed);
     }
   }
-  absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> embedding =
-      PackIf(w.quantized_token_embedding, out);
+  absl::StatusOr<std::unique_ptr<QuantWeight>> embedding = PackIf(w.quantized_token_embedding, out);
   if (!embedding.ok()) return embedding.status();
   out.token_embedding = *std::move(embedding);
   if (w.quantized_classifier.data != w.quantized_token_embedding.data) {
-    absl::StatusOr<std::unique_ptr<cpu::PackedMatrix>> classifier =
-        PackIf(w.quantized_classifier, out);
+    absl::StatusOr<std::unique_ptr<QuantWeight>> classifier = PackIf(w.quantized_classifier, out);
     if (!classifier.ok()) return classifier.status();
     out.classifier = *std::move(classifier);
   }
@@ -175,10 +212,12 @@ class CpuBackend final : public Backend {
   // "cpu" as ever with float32 weights and KV cache; otherwise it names
   // the weights' and the cache's types.
   std::string Describe() const override {
-    const std::string weights = packed_.types.empty()
-                                    ? "fp32 weights"
-                                    : absl::StrFormat("%s weights (%.1f MB; the rest fp32)",
-                                                      packed_.types, packed_.bytes / 1e6);
+    const std::string weights =
+        packed_.types.empty()
+            ? "fp32 weights"
+            : absl::StrFormat("%s weights (%.1f MB; the rest fp32)%s", packed_.types,
+                              packed_.bytes / 1e6,
+                              packed_.int8_matrices > 0 ? " with int8 activations" : "");
     if (kv_.dtype == KvDtype::kFp32 && packed_.types.empty()) return "cpu";
     return absl::StrCat("cpu: ", weights, ", KV cache ", KvDtypeName(kv_.dtype),
                         kv_.dtype == KvDtype::kInt8 ? " (a scale per token and KV head)" : "");
@@ -234,12 +273,12 @@ class CpuBackend final : public Backend {
   void Apply(const Matrix& w, const float* x, int64_t ldx, int m, int n, int k, float* y,
              int64_t ldy) {
     if (w.q != nullptr) {
-      cpu::QuantMatmul(pool_, x, ldx, m, *w.q, y, ldy);
+      w.q->Apply(pool_, x, ldx, m, y, ldy);
     } else {
       cpu::Matmul(pool_, x, ldx, m, w.f, n, k, y, ldy);
     }
   }
-  static Matrix Of(std::span<const float> f, const std::unique_ptr<cpu::PackedMatrix>& q) {
+  static Matrix Of(std::span<const float> f, const std::unique_ptr<QuantWeight>& q) {
     return {f.data(), q.get()};
   }
 
@@ -525,7 +564,7 @@ absl::Status CpuBackend::Step(const StepBatch& batch, std::span<float> logits) {
     t += n;
   }
   // A quantized classifier tied to the embedding is the embedding's panels.
-  const cpu::PackedMatrix* classifier =
+  const QuantWeight* classifier =
       w.quantized_classifier.empty()
           ? nullptr
           : (packed_.classifier != nullptr ? packed_.classifier : packed_.token_embedding).get();
@@ -579,7 +618,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::shared_ptr<const 
         absl::StrCat("cannot allocate ", KvBlockBytes(c, kv.block_size, kv.dtype) * kv.num_blocks,
                      " bytes for ", kv.num_blocks, " KV blocks of ", KvDtypeName(kv.dtype)));
   }
-  absl::StatusOr<PackedWeights> packed = PackWeights(model->weights);
+  // --int8_activations where the processor has AVX512-VNNI; elsewhere the
+  // exact numerics, which the server logs.
+  absl::StatusOr<PackedWeights> packed =
+      PackWeights(model->weights, options.int8_activations && cpu::Int8DotSupported());
   if (!packed.ok()) return packed.status();
   return std::unique_ptr<Backend>(new CpuBackend(std::move(model), kv, threads, std::move(cache),
                                                  std::move(scales), *std::move(packed)));

@@ -55,6 +55,23 @@ def test_quantized_at_load_and_batch_invariant(pb, kind):
     assert float32 != alone, "quantizing changed no answer: are the quantized weights used?"
 
 
+def test_int8_activations_keep_a_request_independent_of_its_batch(pb):
+    """--int8_activations: the quantized matrices multiply int8 activations
+    (on a processor with AVX512-VNNI; elsewhere the server warns and stays
+    exact). Either way a request's tokens do not depend on its batch-mates."""
+    server, client = start_server(["--device=cpu", "--quantize=q8_0", "--int8_activations"])
+    try:
+        client.bind(pb)
+        log = server.log()
+        assert ("Q8_0 weights (0.2 MB; the rest fp32) with int8 activations" in log
+                or "this processor has no AVX512-VNNI" in log), log
+        alone = greedy_answers(client, together=False)
+        assert greedy_answers(client, together=True) == alone
+        assert all(len(ids) == 48 for ids in alone)
+    finally:
+        server.kill()
+
+
 @pytest.mark.parametrize("flags,words", [
     (["--device=cpu", "--quantize=q4_k"], "--quantize=q4_k: expected none, q8_0 or q4_0"),
     (["--device=null", "--quantize=q8_0"], "--quantize=q8_0: quantized weights are for the CPU"),

@@ -71,6 +71,9 @@ ABSL_FLAG(bool, compare_quantized, false,
 ABSL_FLAG(std::string, quantize, "none",
           "With --compare_quantized: also quantize the model's float32 matrices at load to "
           "q8_0 or q4_0 (coalesce-server's --quantize), so that a float model can be compared.");
+ABSL_FLAG(bool, int8_activations, false,
+          "Quantized Q8_0, Q4_0 and Q4_1 matrices multiply int8 activations (coalesce-server's "
+          "--int8_activations).");
 ABSL_FLAG(bool, limits, false,
           "Also measure, in the same run and on the same threads, the memory read bandwidth and "
           "the rate of a large single-precision matrix product (OpenBLAS sgemm), and print the "
@@ -328,6 +331,7 @@ int Run() {
   const std::shared_ptr<const engine::Model> shared = loaded->model;
   engine::CpuBackendOptions options;
   options.threads = absl::GetFlag(FLAGS_threads);
+  options.int8_activations = absl::GetFlag(FLAGS_int8_activations);
   // The variants measured side by side: one backend per KV cache type, or
   // (--compare_quantized) the model's weights dequantized and kept
   // quantized; each with room for the largest batch.

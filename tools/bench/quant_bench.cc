@@ -32,6 +32,7 @@
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/kv_quant.h"
 #include "engine/cpu/memory_bandwidth.h"
+#include "engine/cpu/quant_int8.h"
 #include "engine/cpu/quant_matmul.h"
 #include "engine/cpu/thread_pool.h"
 #include "engine/model/load.h"
@@ -44,6 +45,9 @@ ABSL_FLAG(std::string, types, "fp32,q8_0,q4_0,q4_1,q4_k,q6_k", "Comma-separated 
 ABSL_FLAG(std::string, rows, "1,16", "Comma-separated rows of activations (sequences).");
 ABSL_FLAG(int, repeat, 15, "Passes over every matrix per measurement; the median is printed.");
 ABSL_FLAG(int, threads, 0, "Threads; 0: one per core.");
+ABSL_FLAG(bool, int8, true,
+          "Also time Q8_0, Q4_0 and Q4_1 with int8 activations (--int8_activations; rows "
+          "TYPE/i8), where the processor has AVX512-VNNI.");
 
 namespace coalesce {
 namespace {
@@ -195,6 +199,10 @@ int Run() {
         return 1;
       }
       std::vector<engine::cpu::PackedMatrix> w;
+      std::vector<engine::cpu::Int8Matrix> w8;  // with --int8, for the types that have it
+      const bool int8 = absl::GetFlag(FLAGS_int8) && engine::cpu::Int8DotSupported() &&
+                        engine::cpu::Int8DotType(*type);
+      Result r8;
       for (const Shape& s : shapes) {
         if (s.cols % engine::QuantBlockSize(*type) != 0) {
           std::fprintf(stderr, "%s: a row of %d is not whole blocks of %d\n",
@@ -210,6 +218,16 @@ int Run() {
         }
         r.bytes += static_cast<double>(packed->bytes());
         w.push_back(*std::move(packed));
+        if (int8) {
+          absl::StatusOr<engine::cpu::Int8Matrix> i8 = engine::cpu::Int8Matrix::Pack(
+              {.type = *type, .rows = s.rows, .cols = s.cols, .data = blocks.data()});
+          if (!i8.ok()) {
+            std::fprintf(stderr, "%s\n", std::string(i8.status().message()).c_str());
+            return 1;
+          }
+          r8.bytes += static_cast<double>(i8->bytes());
+          w8.push_back(*std::move(i8));
+        }
       }
       for (const int m : row_counts) {
         r.seconds.push_back(Median(repeat, [&] {
@@ -218,20 +236,32 @@ int Run() {
                                      shapes[i].rows);
           }
         }));
+        if (!int8) continue;
+        r8.seconds.push_back(Median(repeat, [&] {
+          for (size_t i = 0; i < shapes.size(); ++i) {
+            engine::cpu::Int8Matmul(pool, x.data(), shapes[i].cols, m, w8[i], y.data(),
+                                    shapes[i].rows);
+          }
+        }));
+      }
+      if (int8) {
+        results.emplace_back(std::string(name), std::move(r));
+        results.emplace_back(std::string(name) + "/i8", std::move(r8));
+        continue;
       }
     }
     results.emplace_back(std::string(name), std::move(r));
   }
   const double bandwidth = engine::MeasureMemoryReadBandwidth(threads);
   std::printf("memory read bandwidth, measured after: %.1f GB/s\n", bandwidth / 1e9);
-  std::printf("%6s %10s %10s", "type", "MB", "floor ms");
+  std::printf("%9s %10s %10s", "type", "MB", "floor ms");
   for (const int m : row_counts) std::printf(" %9s%-3d", "ms rows=", m);
   std::printf(" %14s", "rows=1 / floor");
   if (!results.empty() && results[0].first == "fp32") std::printf(" %s", "speed vs fp32 by rows");
   std::printf("\n");
   for (const auto& [name, r] : results) {
     const double floor = r.bytes / bandwidth;
-    std::printf("%6s %10.1f %10.2f", name.c_str(), r.bytes / 1e6, floor * 1e3);
+    std::printf("%9s %10.1f %10.2f", name.c_str(), r.bytes / 1e6, floor * 1e3);
     for (const double s : r.seconds) std::printf(" %12.2f", s * 1e3);
     std::printf(" %13.1f%%", 100.0 * floor / r.seconds[0]);
     if (results[0].first == "fp32") {

@@ -1,0 +1,106 @@
+// The CPU engine's faster numerics for quantized weights (--int8_activations):
+// Q8_0, Q4_0 and Q4_1 weights times activations quantized to int8, with
+// integer dot products (AVX512-VNNI's vpdpbusd, four byte products summed
+// into each 32-bit lane per instruction).
+//
+// Each row of activations is quantized per block of 32 values as Q8_0 is:
+// dx = max|x| / 127, xq = x / dx rounded to nearest, ties to even (dividing
+// as multiplying by 1 / dx; a non-finite value gives 0). For one weight row and one block,
+// with integer dot I = sum_k q[k] * xq[k] over the block's stored integers:
+//   Q8_0: w = d q            ->  d dx I
+//   Q4_0: w = d (q - 8)      ->  d dx (I - 8 sum xq)
+//   Q4_1: w = d q + m        ->  d dx I + m dx sum xq
+// summed over the blocks in increasing order, one fused multiply-add each,
+// in float32. The integer parts are exact; only the activations' rounding
+// (half a step of 1/127 of a block's largest value) departs from the
+// float32 product. A row's result depends on that row alone, so a sequence
+// still decodes the same alone or in any batch; but its logits are no longer
+// bit for bit the dequantized model's (docs/quality.md measures the
+// difference).
+//
+// The weights are laid out once, at load, in groups of 16 rows (one 32-bit
+// lane each) and one block: the 16 rows' scales together, then their
+// integers as vpdpbusd reads them, four consecutive columns of a row in a
+// lane (Int8Matrix). The same bytes per weight as the file.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "engine/cpu/thread_pool.h"
+#include "engine/model.h"
+
+namespace coalesce::engine::cpu {
+
+// Whether this processor runs the int8 kernels (AVX-512F and AVX512-VNNI).
+bool Int8DotSupported();
+
+// Whether a type has int8 kernels: Q8_0, Q4_0 and Q4_1.
+bool Int8DotType(QuantType type);
+
+// Rows of a group (one per 32-bit lane of a 512-bit vector).
+inline constexpr int kInt8GroupRows = 16;
+
+// A quantized matrix laid out for the int8 kernels: groups of 16 rows (the
+// last padded with zero weights) by blocks of 32 columns. Per group and
+// block (little-endian, f16 scales as in the file):
+//   Q8_0  d[16], w[8][16][4] u8: q + 128 (the kernel subtracts 128 sum xq)   544 bytes
+//   Q4_0  d[16], n[4][16][4]: byte c of lane r in quad j holds columns
+//         4j + c (low nibble) and 4j + 16 + c (high nibble) of row r         288
+//   Q4_1  d[16], m[16], n as Q4_0                                           320
+class Int8Matrix {
+ public:
+  // InvalidArgument for a type without int8 kernels or a shape the product
+  // cannot take.
+  static absl::StatusOr<Int8Matrix> Pack(const QuantizedMatrix& m);
+
+  QuantType type() const { return type_; }
+  int rows() const { return rows_; }
+  int cols() const { return cols_; }
+  int num_groups() const { return (rows_ + kInt8GroupRows - 1) / kInt8GroupRows; }
+  int64_t block_bytes() const { return block_bytes_; }  // of one group and block
+  int64_t group_bytes() const { return block_bytes_ * (cols_ / 32); }
+  int64_t bytes() const { return group_bytes() * num_groups(); }
+  const uint8_t* group(int g) const { return data_.get() + g * group_bytes(); }
+
+  // Row r's weights, dequantized as gguf.quants.dequantize does (the
+  // embedding lookup of a quantized embedding).
+  void DequantizeRow(int r, float* out) const;
+
+ private:
+  struct Free {
+    void operator()(uint8_t* p) const;
+  };
+  QuantType type_ = QuantType::kQ8_0;
+  int rows_ = 0, cols_ = 0;
+  int64_t block_bytes_ = 0;
+  std::unique_ptr<uint8_t[], Free> data_;
+};
+
+// Activations quantized per block of 32 (above): for row i and block b,
+// xq[i * ldq + 32 b + k], scale[i * blocks + b], sum[i * blocks + b].
+struct Int8Rows {
+  int rows = 0, blocks = 0;  // in use
+  int64_t capacity = 0;      // blocks allocated
+  std::unique_ptr<int8_t[]> xq;
+  std::unique_ptr<float[]> scale;
+  std::unique_ptr<int32_t[]> sum;
+};
+
+// Quantizes m rows of x (k columns, k a multiple of 32) into `out`
+// (reallocated as needed).
+void QuantizeRows(const float* x, int64_t ldx, int m, int k, Int8Rows& out);
+
+// y[i, j] = the formula above for row i of x and row j of w, i < m,
+// j < w.rows(). Int8DotSupported() must hold.
+//   x: [m, w.cols()] (row stride ldx)   y: [m, w.rows()] (row stride ldy)
+void Int8Matmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const Int8Matrix& w,
+                float* y, int64_t ldy);
+
+// The same, one element at a time in scalar code: the definition Int8Matmul
+// must equal bit for bit (the tests compare them).
+void Int8MatmulReference(const float* x, int64_t ldx, int m, const Int8Matrix& w, float* y,
+                         int64_t ldy);
+
+}  // namespace coalesce::engine::cpu

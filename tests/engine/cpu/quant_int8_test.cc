@@ -1,0 +1,171 @@
+// The int8 numerics of quantized weights (cpu/quant_int8.h): the layout
+// dequantizes every row as the file does, the AVX512-VNNI kernel equals its
+// scalar definition bit for bit (any rows, any thread count, shapes around
+// the 16-row group), a row's result does not depend on its batch-mates, and
+// the result stays close to the float32 product on the dequantized weights
+// (only the activations are rounded). Skipped, saying so, on a processor
+// without AVX512-VNNI.
+#include "engine/cpu/quant_int8.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cpu/kernels.h"
+#include "engine/cpu/kv_quant.h"
+#include "engine/cpu/thread_pool.h"
+#include "engine/model.h"
+#include "engine/model/gguf_quant.h"
+#include "engine/sampler.h"
+#include "gtest/gtest.h"
+
+namespace coalesce::engine::cpu {
+namespace {
+
+constexpr QuantType kTypes[] = {QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ4_1};
+
+GgmlType GgmlOf(QuantType type) {
+  return type == QuantType::kQ8_0   ? GgmlType::kQ8_0
+         : type == QuantType::kQ4_0 ? GgmlType::kQ4_0
+                                    : GgmlType::kQ4_1;
+}
+
+std::vector<uint8_t> RandomBlocks(QuantType type, int64_t rows, int64_t cols, uint64_t seed) {
+  Rng rng(seed);
+  const int64_t blocks = rows * cols / 32;
+  const int bytes = QuantBlockBytes(type);
+  std::vector<uint8_t> data(static_cast<size_t>(blocks * bytes));
+  for (uint8_t& b : data) b = static_cast<uint8_t>(rng.NextU64());
+  auto half = [&](uint8_t* p, float v) {
+    const uint16_t h = ToFp16(v).bits;
+    p[0] = static_cast<uint8_t>(h);
+    p[1] = static_cast<uint8_t>(h >> 8);
+  };
+  for (int64_t i = 0; i < blocks; ++i) {
+    uint8_t* b = data.data() + i * bytes;
+    half(b, (rng.NextFloat() - 0.5f) * 0.05f);
+    if (type == QuantType::kQ4_1) half(b + 2, (rng.NextFloat() - 0.5f) * 0.05f);
+  }
+  return data;
+}
+
+std::vector<float> RandomRows(int m, int64_t ld, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> x(static_cast<size_t>(m * ld));
+  for (float& v : x) v = rng.NextFloat() * 2.0f - 1.0f;
+  return x;
+}
+
+class Int8Test : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!Int8DotSupported()) GTEST_SKIP() << "this processor has no AVX512-VNNI: not run";
+  }
+};
+
+TEST_F(Int8Test, EveryRowDequantizesAsTheFileDoes) {
+  for (QuantType type : kTypes) {
+    const int64_t rows = 37, cols = 96;
+    const std::vector<uint8_t> data = RandomBlocks(type, rows, cols, 1);
+    std::vector<float> want(static_cast<size_t>(rows * cols));
+    ASSERT_TRUE(DequantizeToFloat(GgmlOf(type), data.data(), rows * cols, want.data()).ok());
+    auto packed = Int8Matrix::Pack({.type = type, .rows = rows, .cols = cols, .data = data.data()});
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (int r = 0; r < rows; ++r) {
+      packed->DequantizeRow(r, row.data());
+      ASSERT_EQ(std::memcmp(row.data(), want.data() + r * cols, sizeof(float) * cols), 0)
+          << QuantTypeName(type) << " row " << r;
+    }
+  }
+}
+
+TEST_F(Int8Test, TheKernelEqualsItsDefinitionAndStaysNearTheFloatProduct) {
+  struct Shape {
+    int m, rows, cols;
+  };
+  for (const int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    for (QuantType type : kTypes) {
+      for (const Shape s : {Shape{1, 1, 32}, Shape{1, 17, 64}, Shape{3, 16, 96}, Shape{7, 33, 320},
+                            Shape{1, 300, 768}, Shape{20, 48, 256}}) {
+        const std::string what = absl::StrCat(QuantTypeName(type), " m=", s.m, " rows=", s.rows,
+                                              " cols=", s.cols, " threads=", threads);
+        const std::vector<uint8_t> data = RandomBlocks(type, s.rows, s.cols, s.rows + s.cols);
+        auto packed =
+            Int8Matrix::Pack({.type = type, .rows = s.rows, .cols = s.cols, .data = data.data()});
+        ASSERT_TRUE(packed.ok()) << packed.status();
+        const int64_t ldx = s.cols + 5, ldy = s.rows + 3;
+        const std::vector<float> x = RandomRows(s.m, ldx, s.m * 31 + s.cols);
+        std::vector<float> want(static_cast<size_t>(s.m * ldy), -7.0f), got = want;
+        Int8MatmulReference(x.data(), ldx, s.m, *packed, want.data(), ldy);
+        Int8Matmul(pool, x.data(), ldx, s.m, *packed, got.data(), ldy);
+        ASSERT_EQ(std::memcmp(want.data(), got.data(), sizeof(float) * want.size()), 0) << what;
+        // Against float32 on the dequantized weights: the activations'
+        // rounding (half a step of max|x| / 127 per block) bounds the error.
+        std::vector<float> w(static_cast<size_t>(s.rows) * s.cols), exact(want.size(), -7.0f);
+        ASSERT_TRUE(
+            DequantizeToFloat(GgmlOf(type), data.data(), int64_t{s.rows} * s.cols, w.data()).ok());
+        MatmulReference(x.data(), ldx, s.m, w.data(), s.rows, s.cols, exact.data(), ldy);
+        for (int i = 0; i < s.m; ++i) {
+          for (int j = 0; j < s.rows; ++j) {
+            double bound = 1e-6;
+            for (int k = 0; k < s.cols; ++k) {
+              bound += std::fabs(w[static_cast<size_t>(j) * s.cols + k]) * (0.5 / 127 + 1e-6);
+            }
+            ASSERT_NEAR(got[i * ldy + j], exact[i * ldy + j], bound)
+                << what << " " << i << "," << j;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(Int8Test, BlocksWithNaNsOrInfinitiesFollowTheDefinitionToo) {
+  ThreadPool pool(1);
+  const int rows = 16, cols = 128;
+  const std::vector<uint8_t> data = RandomBlocks(QuantType::kQ8_0, rows, cols, 12);
+  auto packed =
+      Int8Matrix::Pack({.type = QuantType::kQ8_0, .rows = rows, .cols = cols, .data = data.data()});
+  ASSERT_TRUE(packed.ok());
+  std::vector<float> x = RandomRows(3, cols, 13);
+  x[5] = std::nanf("");                                   // row 0, block 0
+  x[cols + 40] = std::numeric_limits<float>::infinity();  // row 1, block 1
+  x[2 * cols + 100] = 1e30f;                              // row 2: huge but finite
+  std::vector<float> want(3 * rows), got(3 * rows);
+  Int8MatmulReference(x.data(), cols, 3, *packed, want.data(), rows);
+  Int8Matmul(pool, x.data(), cols, 3, *packed, got.data(), rows);
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), sizeof(float) * want.size()), 0);
+}
+
+TEST_F(Int8Test, ARowGivesTheSameBitsInAnyBatch) {
+  ThreadPool pool(2);
+  const int rows = 64, cols = 512;
+  const std::vector<uint8_t> data = RandomBlocks(QuantType::kQ4_0, rows, cols, 9);
+  auto packed =
+      Int8Matrix::Pack({.type = QuantType::kQ4_0, .rows = rows, .cols = cols, .data = data.data()});
+  ASSERT_TRUE(packed.ok());
+  const std::vector<float> x = RandomRows(33, cols, 10);
+  std::vector<float> alone(rows), batch(33 * rows);
+  Int8Matmul(pool, x.data(), cols, 1, *packed, alone.data(), rows);
+  Int8Matmul(pool, x.data(), cols, 33, *packed, batch.data(), rows);
+  EXPECT_EQ(std::memcmp(alone.data(), batch.data(), sizeof(float) * rows), 0);
+}
+
+TEST(Int8PackTest, RefusesTypesAndShapesWithoutInt8Kernels) {
+  const std::vector<uint8_t> data(4096);
+  for (const QuantizedMatrix& m :
+       {QuantizedMatrix{.type = QuantType::kQ4_K, .rows = 1, .cols = 256, .data = data.data()},
+        QuantizedMatrix{.type = QuantType::kQ8_0, .rows = 1, .cols = 48, .data = data.data()},
+        QuantizedMatrix{.type = QuantType::kQ4_0, .rows = 0, .cols = 32, .data = data.data()}}) {
+    EXPECT_EQ(Int8Matrix::Pack(m).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+}  // namespace
+}  // namespace coalesce::engine::cpu
