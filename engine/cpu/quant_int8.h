@@ -95,8 +95,8 @@ void QuantizeRows(const float* x, int64_t ldx, int m, int k, Int8Rows& out);
 // y[i, j] = the formula above for row i of x and row j of w, i < m,
 // j < w.rows(). Int8DotSupported() must hold.
 //   x: [m, w.cols()] (row stride ldx)   y: [m, w.rows()] (row stride ldy)
-void Int8Matmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const Int8Matrix& w,
-                float* y, int64_t ldy);
+void Int8Matmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const Int8Matrix& w, float* y,
+                int64_t ldy);
 
 // The same, one element at a time in scalar code: the definition Int8Matmul
 // must equal bit for bit (the tests compare them).
