@@ -4,6 +4,11 @@
 // runs per token over its sequence's paged KV blocks, parallel across tokens
 // and heads. A sequence gets bit-identical logits whatever shares its batch.
 //
+// Matrices the model holds quantized (model.h, QuantizedMatrix) stay in their
+// blocks, laid out again at creation: their product equals the float32 one
+// on the dequantized weights bit for bit (cpu/quant_matmul.h), or, with
+// int8_activations, multiplies int8 activations (cpu/quant_int8.h).
+//
 // The KV cache holds kv_cache.dtype: fp32, bf16 or fp16 (converted as each
 // token's K and V are written, rounding to nearest even), or int8 with one
 // float scale per token and KV head (cpu/kv_quant.h); attention dequantizes as
