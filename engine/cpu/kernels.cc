@@ -180,8 +180,10 @@ void Matmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const float* w
       rows(j0, j1);
     });
   };
-  // Either kernel computes the same bits.
-  if (isa == MatmulIsa::kAvx512 && m >= kMinRowsAcrossLanes) {
+  // Every kernel computes the same bits.
+  if (isa == MatmulIsa::kAvx512 && m == 1) {
+    run([=](int j0, int j1) { MatvecAvx512(x, w, n, j0, j1, k, y); });
+  } else if (isa == MatmulIsa::kAvx512 && m >= kMinRowsAcrossLanes) {
     const int64_t ldxt = (m + 15) / 16 * 16;
     float* xt = TransposeBuffer(static_cast<size_t>(ldxt) * k);
     TransposeRowsAvx512(x, ldx, m, k, xt, ldxt);

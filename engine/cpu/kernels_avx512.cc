@@ -184,6 +184,35 @@ void MatmulTokensAvx512(const float* xt, int64_t ldxt, int m, const float* w, in
   }
 }
 
+void MatvecAvx512(const float* x, const float* w, int n, int j0, int j1, int k, float* y) {
+  // How far ahead of the values in use each row is prefetched (floats).
+  constexpr int kAhead = 512;
+  for (int j = j0; j < j1; j += 16) {
+    const int rows = std::min(16, n - j);
+    const float* first = w + int64_t{j} * k;
+    __m512 acc = _mm512_setzero_ps();
+    for (int k0 = 0; k0 < k; k0 += 16) {
+      const int nk = std::min(16, k - k0);
+      const __mmask16 kmask = FirstLanes(nk);
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i) {
+        if (i < rows) {
+          const float* row = first + int64_t{i} * k + k0;
+          if (k0 + kAhead < k)
+            _mm_prefetch(reinterpret_cast<const char*>(row + kAhead), _MM_HINT_T0);
+          r[i] = _mm512_maskz_loadu_ps(kmask, row);
+        } else {
+          r[i] = _mm512_setzero_ps();
+        }
+      }
+      Transpose16x16(r);
+      // r[c]: column k0 + c of the 16 rows; the chain goes on in k order.
+      for (int c = 0; c < nk; ++c) acc = _mm512_fmadd_ps(r[c], _mm512_set1_ps(x[k0 + c]), acc);
+    }
+    _mm512_mask_storeu_ps(y + j, FirstLanes(rows), acc);
+  }
+}
+
 void MatmulPanelsAvx512(const float* x, int64_t ldx, int m, const float* w, int n, int j0, int j1,
                         int k, float* y, int64_t ldy) {
   MatmulPanelsWith<Avx512Kernel>(x, ldx, m, w, n, j0, j1, k, y, ldy);

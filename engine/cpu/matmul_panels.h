@@ -55,6 +55,13 @@ void TransposeRowsAvx512(const float* x, int64_t ldx, int m, int k, float* xt, i
 void MatmulTokensAvx512(const float* xt, int64_t ldxt, int m, const float* w, int j0, int j1, int k,
                         float* y, int64_t ldy);
 
+// One row of X (AVX-512 only): rows [j0, j1) of W (j0 a multiple of 16)
+// against x[k], y[j] = x . w[j, :]. Sixteen rows at a time are read straight
+// from W, each 16 values of k transposed in registers and added to the
+// rows' chains in k order: the same bits as the panel kernels, without
+// packing W into a buffer that the tile then reads again.
+void MatvecAvx512(const float* x, const float* w, int n, int j0, int j1, int k, float* y);
+
 // This thread's packing buffer, kKBlock x kPanel floats, 64-byte aligned.
 inline float* PanelBuffer() {
   struct Free {

@@ -276,12 +276,26 @@ void UnpackGroups(QuantType type, const uint8_t* group, int groups, int64_t grou
 template <typename Kernel>
 void QuantMatvecPanels(const float* x, const PackedMatrix& w, int p0, int p1, float* y) {
   const int block = QuantBlockSize(w.type()), groups = w.cols() / block;
+  // Each group asks for the bytes `ahead` of it (the panels lie one after
+  // another, so past a panel's end come the next one's groups): one thread
+  // reads one sequential stream, and a core keeps too few of its misses in
+  // flight to reach the memory's bandwidth on its own.
+  const int64_t ahead = std::max<int64_t>(4096, 2 * w.group_bytes());
+  const uint8_t* base = w.panel(0);
+  auto prefetch = [&](const uint8_t* group) {
+    const int64_t from = (group - base) + ahead;
+    const int64_t to = std::min(from + w.group_bytes(), w.bytes());
+    for (int64_t line = from; line < to; line += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(base + line), _MM_HINT_T0);
+    }
+  };
   for (int p = p0; p < p1; ++p) {
     const uint8_t* group = w.panel(p);
     alignas(64) float out[kPanel];
 #ifdef __AVX512F__
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int gi = 0; gi < groups; ++gi, group += w.group_bytes()) {
+      prefetch(group);
       const float* xg = x + gi * block;
       ForEachValue16(w.type(), group, [&acc, xg](int kk, int i, __m512 v) {
         acc[i] = _mm512_fmadd_ps(v, _mm512_set1_ps(xg[kk]), acc[i]);
@@ -292,6 +306,7 @@ void QuantMatvecPanels(const float* x, const PackedMatrix& w, int p0, int p1, fl
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                      _mm256_setzero_ps()};
     for (int gi = 0; gi < groups; ++gi, group += w.group_bytes()) {
+      prefetch(group);
       const float* xg = x + gi * block;
       ForEachValue<Kernel>(w.type(), group, [&acc, xg](int kk, int i, __m256 v) {
         acc[i] = _mm256_fmadd_ps(v, _mm256_broadcast_ss(xg + kk), acc[i]);

@@ -48,11 +48,13 @@ struct Shape {
 // AVX-512, 6 for AVX2) and from 48 on (AVX-512 then runs across rows of X,
 // in groups of 64), rows of W around the 32-row panel and the 6-row tile,
 // k around the 1024-value block (and k = 1), and a row stride wider than
-// the row.
-const Shape kShapes[] = {{1, 1, 1},     {1, 33, 7},     {2, 31, 17},    {5, 32, 64},
-                         {6, 65, 100},  {7, 47, 1023},  {11, 64, 1024}, {12, 96, 1025},
-                         {13, 100, 33}, {25, 70, 2100}, {48, 7, 40},    {64, 130, 288},
-                         {70, 29, 515}, {130, 45, 1025}};
+// the row; one row of X (AVX-512's matrix-vector kernel: 16 rows of W at a
+// time, k in steps of 16, prefetching 512 values ahead) with rows of W and
+// k around those.
+const Shape kShapes[] = {
+    {1, 1, 1},      {1, 33, 7},      {2, 31, 17},   {5, 32, 64},    {6, 65, 100},   {7, 47, 1023},
+    {11, 64, 1024}, {12, 96, 1025},  {13, 100, 33}, {25, 70, 2100}, {48, 7, 40},    {64, 130, 288},
+    {70, 29, 515},  {130, 45, 1025}, {1, 16, 16},   {1, 47, 529},   {1, 100, 2100}, {1, 64, 1024}};
 
 void CheckAgainstReference(MatmulIsa isa, int threads) {
   ThreadPool pool(threads);
