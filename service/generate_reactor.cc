@@ -97,7 +97,21 @@ void GenerateReactor::Reject(const absl::Status& status, absl::Duration retry_af
             : kRetryPushbackMs;
     context_->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(ms));
   }
+  SettleTenant();
   Finish(ToGrpcStatus(status));
+}
+
+// Before Finish: a client that reads the end of its call and at once sends
+// the next must find its tokens charged and its stream free.
+void GenerateReactor::SettleTenant() {
+  if (tenant_stream_ == nullptr) return;
+  int64_t used;
+  {
+    absl::MutexLock lock(&mu_);
+    used = tokens_used_;
+  }
+  tenant_stream_->Charge(used);
+  tenant_stream_.reset();  // the tenant's stream is free again
 }
 
 void GenerateReactor::Deliver(batcher::StreamUpdate update) {
@@ -201,6 +215,7 @@ void GenerateReactor::Perform(Action action) {
         absl::MutexLock lock(&mu_);
         status = final_status_;
       }
+      SettleTenant();
       Finish(ToGrpcStatus(status));
       return;
     }
@@ -270,15 +285,7 @@ void GenerateReactor::OnCancel() {
 }
 
 void GenerateReactor::OnDone() {
-  if (tenant_stream_ != nullptr) {
-    int64_t used;
-    {
-      absl::MutexLock lock(&mu_);
-      used = tokens_used_;
-    }
-    tenant_stream_->Charge(used);
-    tenant_stream_.reset();  // the tenant's stream is free again
-  }
+  SettleTenant();  // where the call ended without our Finish
   if (options_.on_done) options_.on_done();
   // Orders the deletion after every earlier reaction's use of the state,
   // whichever thread ran it.

@@ -51,7 +51,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   GenerateReactor(grpc::CallbackServerContext* context, batcher::EngineLoop* loop, Options options);
 
   // The caller's tenant stream (--api_keys_file), held until the call ends
-  // and then charged the tokens it used; before Submit.
+  // (charged the tokens it used just before the final status goes out);
+  // before Submit.
   void set_tenant_stream(std::unique_ptr<Tenants::Stream> stream) {
     tenant_stream_ = std::move(stream);
   }
@@ -83,6 +84,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void Perform(Action action);
   // The status the engine ends the request with when the client is gone.
   absl::Status CancelStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Charges the tenant the call's tokens and frees its stream; once.
+  void SettleTenant();
 
   grpc::CallbackServerContext* const context_;
   batcher::EngineLoop* const loop_;

@@ -186,6 +186,16 @@ def test_over_its_streams_a_tenant_waits_and_others_go_on(srv, pb, keys_file):
                     10)
 
 
+def test_a_call_that_has_ended_holds_nothing_of_its_tenant(srv):
+    # The final status goes out only after the call has freed its stream and
+    # paid its tokens: one call after another in a tight loop never finds
+    # alpha's one stream still held.
+    as_tenant(srv, "alpha")
+    for i in range(100):
+        result = srv.generate(srv.request(ids=PROMPT, max_new_tokens=1))
+        assert result.code is None, (i, result)
+
+
 def test_over_its_tokens_per_minute_a_tenant_is_told_when_to_retry(srv):
     as_tenant(srv, "beta")
     first = srv.generate(srv.request(ids=PROMPT, max_new_tokens=70))
