@@ -96,11 +96,12 @@ ABSL_FLAG(std::string, quantize, "none",
           "(a Hugging Face folder): faster decoding for fewer bytes, at a small cost in "
           "quality. A quantized GGUF file's blocks are served as they are without it. none: "
           "keep them float32.");
-ABSL_FLAG(bool, int8_activations, false,
-          "CPU: multiply Q8_0, Q4_0 and Q4_1 weights with activations quantized to int8 per "
-          "block of 32, with integer dot products (AVX512-VNNI): faster, but the logits are no "
-          "longer those of the dequantized weights (docs/quality.md measures the difference). "
-          "Ignored, with a warning, on a processor without AVX512-VNNI.");
+ABSL_FLAG(
+    bool, int8_activations, false,
+    "CPU: multiply Q8_0, Q4_0, Q4_1, Q4_K and Q6_K weights with activations quantized to int8 per "
+    "block of 32, with integer dot products (AVX512-VNNI): faster, but the logits are no "
+    "longer those of the dequantized weights (docs/quality.md measures the difference). "
+    "Ignored, with a warning, on a processor without AVX512-VNNI.");
 ABSL_FLAG(bool, cuda_graphs, Defaults().cuda_graphs,
           "CUDA: replay decode steps from CUDA graphs captured once per batch-size bucket.");
 ABSL_FLAG(int, kv_block_size, Defaults().kv_block_size, "Token positions per KV-cache block.");

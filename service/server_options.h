@@ -45,7 +45,7 @@ struct ServerOptions {
   // --quantize: float32 weight matrices quantized at load (CPU only);
   // nullopt keeps them.
   std::optional<engine::QuantType> quantize;
-  // --int8_activations: Q8_0, Q4_0 and Q4_1 matrices times int8 activations
+  // --int8_activations: Q8_0, Q4_0, Q4_1, Q4_K and Q6_K matrices times int8 activations
   // on the CPU (engine::CpuBackendOptions::int8_activations).
   bool int8_activations = false;
   bool cuda_graphs = true;  // CUDA: replay captured graphs for decode steps

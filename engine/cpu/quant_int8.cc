@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/kv_quant.h"
+#include "engine/cpu/quant_blocks.h"
 
 namespace coalesce::engine::cpu {
 
@@ -24,9 +25,66 @@ namespace {
 
 uint16_t Load16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | p[1] << 8); }
 float Half(const uint8_t* p) { return ToFloat(Fp16{Load16(p)}); }
+void Store16(uint8_t* p, uint16_t v) {
+  p[0] = static_cast<uint8_t>(v);
+  p[1] = static_cast<uint8_t>(v >> 8);
+}
 
-// Offsets in a group's block (quant_int8.h).
-int ScaleBytes(QuantType type) { return type == QuantType::kQ4_1 ? 64 : 32; }
+// Where the nibbles of a block begin (quant_int8.h).
+int NibbleOffset(QuantType type) { return type == QuantType::kQ4_1 ? 64 : 32; }
+
+// Byte of a lane's column k (< 16) in a run of quads of 64 bytes.
+int QuadByte(int lane, int k) { return (k / 4) * 64 + lane * 4 + k % 4; }
+
+// Row r's block b as stored: its 32 integers and its scales.
+struct Stored {
+  int q[32] = {};  // Q8_0's signed; the others' unsigned, as in the file
+  float d = 0.0f;  // d; Q4_K's d sc
+  float m = 0.0f;  // Q4_1's m; Q4_K's dmin mn
+  int sc[2] = {};  // Q6_K's scales of columns 0-15 and 16-31
+};
+
+Stored Read(const Int8Matrix& w, int r, int b) {
+  Stored out;
+  const int lane = r % kInt8GroupRows;
+  const uint8_t* blk = w.block(r / kInt8GroupRows, b);
+  const uint8_t* header = w.header(r / kInt8GroupRows, b);
+  const QuantType type = w.type();
+  for (int k = 0; k < 32; ++k) {
+    if (type == QuantType::kQ8_0) {
+      out.q[k] = static_cast<int8_t>(blk[32 + QuadByte(lane, k)] ^ 0x80);
+      continue;
+    }
+    const uint8_t byte = blk[NibbleOffset(type) + QuadByte(lane, k % 16)];
+    out.q[k] = k < 16 ? byte & 0x0F : byte >> 4;
+    if (type == QuantType::kQ6_K) {
+      // Column k's high bits: h[t] with t = (k % 16) / 8, at bit 2 (k % 8 / 4) (+ 4 past 16).
+      const int within = k % 16, bit = 2 * (within % 8 / 4) + (k < 16 ? 0 : 4);
+      const uint8_t high = blk[288 + (within / 8) * 64 + lane * 4 + within % 4];
+      out.q[k] |= ((high >> bit) & 3) << 4;
+    }
+  }
+  switch (type) {
+    case QuantType::kQ8_0:
+    case QuantType::kQ4_0:
+      out.d = Half(blk + 2 * lane);
+      break;
+    case QuantType::kQ4_1:
+      out.d = Half(blk + 2 * lane);
+      out.m = Half(blk + 32 + 2 * lane);
+      break;
+    case QuantType::kQ4_K:
+      out.d = Half(header + 2 * lane) * static_cast<float>(blk[lane]);
+      out.m = Half(header + 32 + 2 * lane) * static_cast<float>(blk[16 + lane]);
+      break;
+    case QuantType::kQ6_K:
+      out.d = Half(header + 2 * lane);
+      out.sc[0] = static_cast<int8_t>(blk[lane]);
+      out.sc[1] = static_cast<int8_t>(blk[16 + lane]);
+      break;
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -37,14 +95,23 @@ bool Int8DotSupported() {
 }
 
 bool Int8DotType(QuantType type) {
-  return type == QuantType::kQ8_0 || type == QuantType::kQ4_0 || type == QuantType::kQ4_1;
+  switch (type) {
+    case QuantType::kQ8_0:
+    case QuantType::kQ4_0:
+    case QuantType::kQ4_1:
+    case QuantType::kQ4_K:
+    case QuantType::kQ6_K:
+      return true;
+  }
+  return false;
 }
 
 void Int8Matrix::Free::operator()(uint8_t* p) const { std::free(p); }
 
 absl::StatusOr<Int8Matrix> Int8Matrix::Pack(const QuantizedMatrix& m) {
-  if (!Int8DotType(m.type) || m.data == nullptr || m.rows <= 0 || m.cols <= 0 || m.cols % 32 != 0 ||
-      m.rows > std::numeric_limits<int>::max() - kInt8GroupRows ||
+  const int file_block = QuantBlockSize(m.type);
+  if (!Int8DotType(m.type) || m.data == nullptr || m.rows <= 0 || m.cols <= 0 ||
+      m.cols % file_block != 0 || m.rows > std::numeric_limits<int>::max() - kInt8GroupRows ||
       m.cols > std::numeric_limits<int>::max()) {
     return absl::InvalidArgumentError(absl::StrCat("no int8 layout for a ", m.rows, " x ", m.cols,
                                                    " ", QuantTypeName(m.type), " matrix"));
@@ -53,7 +120,26 @@ absl::StatusOr<Int8Matrix> Int8Matrix::Pack(const QuantizedMatrix& m) {
   out.type_ = m.type;
   out.rows_ = static_cast<int>(m.rows);
   out.cols_ = static_cast<int>(m.cols);
-  out.block_bytes_ = m.type == QuantType::kQ8_0 ? 544 : m.type == QuantType::kQ4_0 ? 288 : 320;
+  out.blocks_per_header_ = file_block / 32;
+  switch (m.type) {
+    case QuantType::kQ8_0:
+      out.block_bytes_ = 544;
+      break;
+    case QuantType::kQ4_0:
+      out.block_bytes_ = 288;
+      break;
+    case QuantType::kQ4_1:
+      out.block_bytes_ = 320;
+      break;
+    case QuantType::kQ4_K:
+      out.header_bytes_ = 64;
+      out.block_bytes_ = 288;
+      break;
+    case QuantType::kQ6_K:
+      out.header_bytes_ = 32;
+      out.block_bytes_ = 416;
+      break;
+  }
   const int64_t total = out.bytes();
   const size_t alloc = static_cast<size_t>((total + 63) / 64 * 64);
   out.data_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, alloc)));
@@ -62,33 +148,56 @@ absl::StatusOr<Int8Matrix> Int8Matrix::Pack(const QuantizedMatrix& m) {
         absl::StrCat("cannot allocate ", total, " bytes for a ", QuantTypeName(m.type), " matrix"));
   }
   std::memset(out.data_.get(), 0, alloc);
-  const int blocks = out.cols_ / 32;
+  // Writable: the layout's own accessors, on the buffer this function owns.
+  auto at = [&out](const uint8_t* p) { return out.data_.get() + (p - out.data_.get()); };
+  const int file_blocks = out.cols_ / file_block;
   const int64_t row_bytes = m.row_bytes();
-  const int scales = ScaleBytes(m.type);
   for (int r = 0; r < out.rows_; ++r) {
-    const int lane = r % kInt8GroupRows;
-    for (int b = 0; b < blocks; ++b) {
-      const uint8_t* src = m.data + r * row_bytes + int64_t{b} * QuantBlockBytes(m.type);
-      uint8_t* dst =
-          out.data_.get() + (r / kInt8GroupRows) * out.group_bytes() + b * out.block_bytes_;
-      std::memcpy(dst + 2 * lane, src, 2);  // d
-      if (m.type == QuantType::kQ8_0) {
-        for (int k = 0; k < 32; ++k) {
-          // q + 128 as an unsigned byte, column k in quad k / 4 at byte k % 4.
-          dst[32 + (k / 4) * 64 + lane * 4 + k % 4] = static_cast<uint8_t>(src[2 + k] ^ 0x80);
+    const int g = r / kInt8GroupRows, lane = r % kInt8GroupRows;
+    for (int fb = 0; fb < file_blocks; ++fb) {
+      const QuantBlock q =
+          DecodeQuantBlock(m.type, m.data + r * row_bytes + int64_t{fb} * QuantBlockBytes(m.type));
+      for (int sub = 0; sub < out.blocks_per_header_; ++sub) {
+        const int b = fb * out.blocks_per_header_ + sub;
+        uint8_t* blk = at(out.block(g, b));
+        uint8_t* header = at(out.header(g, b));
+        const uint8_t* v = q.q + 32 * sub;  // this block's 32 integers
+        if (m.type == QuantType::kQ8_0) {
+          Store16(blk + 2 * lane, q.d);
+          // q + 128 as an unsigned byte.
+          for (int k = 0; k < 32; ++k) blk[32 + QuadByte(lane, k)] = v[k] ^ 0x80;
+          continue;
         }
-        continue;
-      }
-      const uint8_t* qs = src + 2;
-      if (m.type == QuantType::kQ4_1) {
-        std::memcpy(dst + 32 + 2 * lane, src + 2, 2);  // m
-        qs = src + 4;
-      }
-      for (int k = 0; k < 32; ++k) {
-        const int q = k < 16 ? qs[k] & 0x0F : qs[k - 16] >> 4;  // the file's element k
-        const int within = k % 16;  // columns 4j + c (low) and 4j + 16 + c (high)
-        uint8_t& byte = dst[scales + (within / 4) * 64 + lane * 4 + within % 4];
-        byte = static_cast<uint8_t>(byte | (k < 16 ? q : q << 4));
+        switch (m.type) {
+          case QuantType::kQ4_1:
+            Store16(blk + 32 + 2 * lane, q.m);
+            [[fallthrough]];
+          case QuantType::kQ4_0:
+            Store16(blk + 2 * lane, q.d);
+            break;
+          case QuantType::kQ4_K:
+            Store16(header + 2 * lane, q.d);
+            Store16(header + 32 + 2 * lane, q.m);
+            blk[lane] = q.sc[sub];
+            blk[16 + lane] = q.mn[sub];
+            break;
+          case QuantType::kQ6_K:
+            Store16(header + 2 * lane, q.d);
+            blk[lane] = q.sc[2 * sub];
+            blk[16 + lane] = q.sc[2 * sub + 1];
+            break;
+          case QuantType::kQ8_0:
+            break;
+        }
+        for (int k = 0; k < 32; ++k) {
+          uint8_t& byte = blk[NibbleOffset(m.type) + QuadByte(lane, k % 16)];
+          byte = static_cast<uint8_t>(byte | (k < 16 ? v[k] & 15 : (v[k] & 15) << 4));
+          if (m.type == QuantType::kQ6_K) {
+            const int within = k % 16, bit = 2 * (within % 8 / 4) + (k < 16 ? 0 : 4);
+            blk[288 + (within / 8) * 64 + lane * 4 + within % 4] |=
+                static_cast<uint8_t>((v[k] >> 4) << bit);
+          }
+        }
       }
     }
   }
@@ -96,26 +205,27 @@ absl::StatusOr<Int8Matrix> Int8Matrix::Pack(const QuantizedMatrix& m) {
 }
 
 void Int8Matrix::DequantizeRow(int r, float* out) const {
-  const int lane = r % kInt8GroupRows;
-  const uint8_t* g = group(r / kInt8GroupRows);
-  const int scales = ScaleBytes(type_);
   for (int b = 0; b < cols_ / 32; ++b) {
-    const uint8_t* blk = g + b * block_bytes_;
-    const float d = Half(blk + 2 * lane);
+    const Stored s = Read(*this, r, b);
     float* y = out + b * 32;
     for (int k = 0; k < 32; ++k) {
-      if (type_ == QuantType::kQ8_0) {
-        const int q = static_cast<int8_t>(blk[32 + (k / 4) * 64 + lane * 4 + k % 4] ^ 0x80);
-        y[k] = static_cast<float>(q) * d;
-        continue;
-      }
-      const int within = k % 16;
-      const uint8_t byte = blk[scales + (within / 4) * 64 + lane * 4 + within % 4];
-      const int q = k < 16 ? byte & 0x0F : byte >> 4;
-      if (type_ == QuantType::kQ4_0) {
-        y[k] = d * static_cast<float>(q - 8);
-      } else {
-        y[k] = d * static_cast<float>(q) + Half(blk + 32 + 2 * lane);
+      const float q = static_cast<float>(s.q[k]);
+      switch (type_) {
+        case QuantType::kQ8_0:
+          y[k] = q * s.d;
+          break;
+        case QuantType::kQ4_0:
+          y[k] = s.d * static_cast<float>(s.q[k] - 8);
+          break;
+        case QuantType::kQ4_1:
+          y[k] = s.d * q + s.m;
+          break;
+        case QuantType::kQ4_K:
+          y[k] = s.d * q - s.m;
+          break;
+        case QuantType::kQ6_K:
+          y[k] = s.d * static_cast<float>(s.sc[k / 16]) * static_cast<float>(s.q[k] - 32);
+          break;
       }
     }
   }
@@ -191,6 +301,7 @@ void Quantize(const float* x, int64_t ldx, int m, int k, Int8Rows& out, bool sca
     out.xq.reset(new int8_t[static_cast<size_t>(out.capacity) * 32]);
     out.scale.reset(new float[static_cast<size_t>(out.capacity)]);
     out.sum.reset(new int32_t[static_cast<size_t>(out.capacity)]);
+    out.first_sum.reset(new int32_t[static_cast<size_t>(out.capacity)]);
   }
   out.rows = m;
   out.blocks = blocks;
@@ -201,6 +312,9 @@ void Quantize(const float* x, int64_t ldx, int m, int k, Int8Rows& out, bool sca
       int8_t* q = out.xq.get() + at * 32;
       out.sum[at] =
           scalar ? QuantizeBlockScalar(v, q, &out.scale[at]) : QuantizeBlock(v, q, &out.scale[at]);
+      int32_t first = 0;
+      for (int c = 0; c < 16; ++c) first += q[c];
+      out.first_sum[at] = first;
     }
   }
 }
@@ -216,35 +330,28 @@ void Int8MatmulReference(const float* x, int64_t ldx, int m, const Int8Matrix& w
   Int8Rows q;
   Quantize(x, ldx, m, w.cols(), q, /*scalar=*/true);
   const int blocks = w.cols() / 32;
-  std::vector<float> row(static_cast<size_t>(w.cols()));
   for (int i = 0; i < m; ++i) {
     for (int j = 0; j < w.rows(); ++j) {
-      const int lane = j % kInt8GroupRows;
-      const uint8_t* g = w.group(j / kInt8GroupRows);
       float total = 0.0f;
       for (int b = 0; b < blocks; ++b) {
-        const uint8_t* blk = g + b * w.block_bytes();
-        const int8_t* xq = q.xq.get() + (static_cast<size_t>(i) * blocks + b) * 32;
-        const float dx = q.scale[static_cast<size_t>(i) * blocks + b];
-        const int32_t sx = q.sum[static_cast<size_t>(i) * blocks + b];
-        int32_t dot = 0;
-        for (int k = 0; k < 32; ++k) {
-          int stored;
-          if (w.type() == QuantType::kQ8_0) {
-            stored = static_cast<int8_t>(blk[32 + (k / 4) * 64 + lane * 4 + k % 4] ^ 0x80);
-          } else {
-            const int within = k % 16;
-            const uint8_t byte =
-                blk[ScaleBytes(w.type()) + (within / 4) * 64 + lane * 4 + within % 4];
-            stored = k < 16 ? byte & 0x0F : byte >> 4;
-          }
-          dot += stored * xq[k];
-        }
+        const Stored s = Read(w, j, b);
+        const size_t at = static_cast<size_t>(i) * blocks + b;
+        const int8_t* xq = q.xq.get() + at * 32;
+        const float dx = q.scale[at];
+        const int32_t sx = q.sum[at], s1 = q.first_sum[at];
+        int32_t first = 0, second = 0;
+        for (int k = 0; k < 16; ++k) first += s.q[k] * xq[k];
+        for (int k = 16; k < 32; ++k) second += s.q[k] * xq[k];
+        int32_t dot = first + second;
         if (w.type() == QuantType::kQ4_0) dot -= 8 * sx;
-        const float s = Half(blk + 2 * lane) * dx;
-        total = std::fma(static_cast<float>(dot), s, total);
+        if (w.type() == QuantType::kQ6_K) {
+          dot = s.sc[0] * (first - 32 * s1) + s.sc[1] * (second - 32 * (sx - s1));
+        }
+        total = std::fma(static_cast<float>(dot), s.d * dx, total);
         if (w.type() == QuantType::kQ4_1) {
-          total = std::fma(Half(blk + 32 + 2 * lane), dx * static_cast<float>(sx), total);
+          total = std::fma(s.m, dx * static_cast<float>(sx), total);
+        } else if (w.type() == QuantType::kQ4_K) {
+          total = std::fma(s.m, -(dx * static_cast<float>(sx)), total);
         }
       }
       y[i * ldy + j] = total;

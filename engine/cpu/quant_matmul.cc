@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/kv_quant.h"
 #include "engine/cpu/matmul_panels.h"
+#include "engine/cpu/quant_blocks.h"
 
 namespace coalesce::engine::cpu {
 namespace {
@@ -22,15 +23,6 @@ void Store16(uint8_t* p, uint16_t v) {
   p[1] = static_cast<uint8_t>(v >> 8);
 }
 float Half(const uint8_t* p) { return ToFloat(Fp16{Load16(p)}); }
-
-// One block of one row, as integers and the block's scale fields: what the
-// file's block holds, whatever its bit layout.
-struct Block {
-  uint16_t d = 0, m = 0;  // f16: Q*_0's and Q6_K's d; Q4_1's d and m; Q4_K's d and dmin
-  uint8_t sc[16] = {};    // Q4_K: 8 six-bit scales; Q6_K: 16 int8 scales
-  uint8_t mn[8] = {};     // Q4_K: 8 six-bit mins
-  uint8_t q[256] = {};    // the elements' integers (Q8_0's as int8 bits)
-};
 
 // The 6-bit scales and mins of Q4_K's 8 sub-blocks, packed in 12 bytes
 // (gguf_quant.cc's UnpackScalesMins).
@@ -46,9 +38,10 @@ void ScalesMins(const uint8_t* s, uint8_t* scale, uint8_t* min) {
   }
 }
 
-// Decodes one block of the file's layout (model.h, gguf_quant.cc).
-Block Decode(QuantType type, const uint8_t* b) {
-  Block out;
+}  // namespace
+
+QuantBlock DecodeQuantBlock(QuantType type, const uint8_t* b) {
+  QuantBlock out;
   switch (type) {
     case QuantType::kQ8_0:
       out.d = Load16(b);
@@ -96,6 +89,8 @@ Block Decode(QuantType type, const uint8_t* b) {
   return out;
 }
 
+namespace {
+
 // Byte offsets of the fields of a group (quant_matmul.h).
 struct GroupLayout {
   int d = 0, m = -1, sc = -1, mn = -1, q = 0, qh = -1;
@@ -118,7 +113,7 @@ GroupLayout LayoutOf(QuantType type) {
 }
 
 // Writes row r's block into its group.
-void Place(QuantType type, const Block& b, int r, uint8_t* group) {
+void Place(QuantType type, const QuantBlock& b, int r, uint8_t* group) {
   const GroupLayout g = LayoutOf(type);
   const int n = QuantBlockSize(type);
   Store16(group + g.d + 2 * r, b.d);
@@ -199,7 +194,7 @@ absl::StatusOr<PackedMatrix> PackedMatrix::Pack(const QuantizedMatrix& m) {
     uint8_t* panel = out.data_.get() + (r / kQuantPanelRows) * out.panel_bytes_;
     const uint8_t* src = m.data + r * row_bytes;
     for (int g = 0; g < groups; ++g) {
-      Place(m.type, Decode(m.type, src + int64_t{g} * block_bytes), r % kQuantPanelRows,
+      Place(m.type, DecodeQuantBlock(m.type, src + int64_t{g} * block_bytes), r % kQuantPanelRows,
             panel + g * out.group_bytes_);
     }
   }

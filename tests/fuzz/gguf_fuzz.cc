@@ -13,9 +13,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "engine/cpu/quant_int8.h"
 #include "engine/cpu/quant_matmul.h"
 #include "engine/model/gguf_file.h"
 #include "engine/model/gguf_model.h"
@@ -65,7 +67,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
            file->GetFloatArray(kv.key).ok();
   }
   const auto* begin = static_cast<const std::byte*>(file->mapping().get());
-  std::vector<float> values;
+  std::vector<float> values, int8_values;
   for (const GgufTensor& t : file->tensors()) {
     if (file->FindTensor(t.name) != &t) __builtin_trap();
     // Inside the file, and the size its dims and type imply.
@@ -96,7 +98,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // The same file with its matrices kept quantized, as the server loads it
   // for the CPU: it loads exactly when the dequantizing load does, and its
-  // matrices lay out as the CPU backend's panels (and read back).
+  // matrices lay out as the CPU backend's panels and as its int8 groups
+  // (--int8_activations), and read back the same from both.
   auto kept = coalesce::engine::LoadGgufModel(path, nullptr, {.keep_quantized = true});
   if (kept.ok() != model.ok()) __builtin_trap();
   if (kept.ok()) {
@@ -116,6 +119,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       values.resize(static_cast<size_t>(m->cols));
       packed->DequantizeRow(packed->rows() - 1, values.data());
       sink = sink + static_cast<size_t>(values[0] == values[0]);
+      auto int8 = coalesce::engine::cpu::Int8Matrix::Pack(*m);
+      if (!int8.ok()) __builtin_trap();
+      int8_values.resize(values.size());
+      int8->DequantizeRow(int8->rows() - 1, int8_values.data());
+      for (size_t i = 0; i < values.size(); ++i) {
+        // The same bits, but for a NaN's payload.
+        const bool nans = values[i] != values[i] && int8_values[i] != int8_values[i];
+        if (!nans && std::memcmp(&values[i], &int8_values[i], sizeof(float)) != 0) __builtin_trap();
+      }
     }
   }
   auto tokenizer = coalesce::engine::LoadGgufTokenizer(path);

@@ -72,7 +72,8 @@ ABSL_FLAG(std::string, quantize, "none",
           "With --compare_quantized: also quantize the model's float32 matrices at load to "
           "q8_0 or q4_0 (coalesce-server's --quantize), so that a float model can be compared.");
 ABSL_FLAG(bool, int8_activations, false,
-          "Quantized Q8_0, Q4_0 and Q4_1 matrices multiply int8 activations (coalesce-server's "
+          "Quantized Q8_0, Q4_0, Q4_1, Q4_K and Q6_K matrices multiply int8 activations "
+          "(coalesce-server's "
           "--int8_activations).");
 ABSL_FLAG(bool, limits, false,
           "Also measure, in the same run and on the same threads, the memory read bandwidth and "

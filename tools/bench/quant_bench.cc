@@ -45,9 +45,10 @@ ABSL_FLAG(std::string, types, "fp32,q8_0,q4_0,q4_1,q4_k,q6_k", "Comma-separated 
 ABSL_FLAG(std::string, rows, "1,16", "Comma-separated rows of activations (sequences).");
 ABSL_FLAG(int, repeat, 15, "Passes over every matrix per measurement; the median is printed.");
 ABSL_FLAG(int, threads, 0, "Threads; 0: one per core.");
-ABSL_FLAG(bool, int8, true,
-          "Also time Q8_0, Q4_0 and Q4_1 with int8 activations (--int8_activations; rows "
-          "TYPE/i8), where the processor has AVX512-VNNI.");
+ABSL_FLAG(
+    bool, int8, true,
+    "Also time Q8_0, Q4_0, Q4_1, Q4_K and Q6_K with int8 activations (--int8_activations; rows "
+    "TYPE/i8), where the processor has AVX512-VNNI.");
 
 namespace coalesce {
 namespace {

@@ -49,7 +49,7 @@ DEFAULT_PROMPTS = os.path.join(REPO, "tools", "eval", "data", "prompts.jsonl")
 # weights are computed in fp32 only (a quantized file's blocks exactly as
 # their dequantized values); the KV cache may hold fp32, bf16, fp16 or int8
 # (--kv_cache_dtype; auto is fp32 there); --quantize quantizes float matrices
-# at load, and --int8_activations multiplies Q8_0, Q4_0 and Q4_1 matrices by
+# at load, and --int8_activations multiplies Q8_0, Q4_0, Q4_1, Q4_K and Q6_K matrices by
 # int8 activations.
 DEFAULT_CONFIGS = [
     ("fp32", ["--dtype=fp32"]),

@@ -26,17 +26,34 @@
 namespace coalesce::engine::cpu {
 namespace {
 
-constexpr QuantType kTypes[] = {QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ4_1};
+constexpr QuantType kTypes[] = {QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ4_1,
+                                QuantType::kQ4_K, QuantType::kQ6_K};
 
 GgmlType GgmlOf(QuantType type) {
-  return type == QuantType::kQ8_0   ? GgmlType::kQ8_0
-         : type == QuantType::kQ4_0 ? GgmlType::kQ4_0
-                                    : GgmlType::kQ4_1;
+  switch (type) {
+    case QuantType::kQ8_0:
+      return GgmlType::kQ8_0;
+    case QuantType::kQ4_0:
+      return GgmlType::kQ4_0;
+    case QuantType::kQ4_1:
+      return GgmlType::kQ4_1;
+    case QuantType::kQ4_K:
+      return GgmlType::kQ4_K;
+    case QuantType::kQ6_K:
+      return GgmlType::kQ6_K;
+  }
+  return GgmlType::kF32;
+}
+
+// Columns for a type: `cols` rounded up to its blocks (256 for the K types).
+int ColsFor(QuantType type, int cols) {
+  const int block = QuantBlockSize(type);
+  return (cols + block - 1) / block * block;
 }
 
 std::vector<uint8_t> RandomBlocks(QuantType type, int64_t rows, int64_t cols, uint64_t seed) {
   Rng rng(seed);
-  const int64_t blocks = rows * cols / 32;
+  const int64_t blocks = rows * cols / QuantBlockSize(type);
   const int bytes = QuantBlockBytes(type);
   std::vector<uint8_t> data(static_cast<size_t>(blocks * bytes));
   for (uint8_t& b : data) b = static_cast<uint8_t>(rng.NextU64());
@@ -45,10 +62,14 @@ std::vector<uint8_t> RandomBlocks(QuantType type, int64_t rows, int64_t cols, ui
     p[0] = static_cast<uint8_t>(h);
     p[1] = static_cast<uint8_t>(h >> 8);
   };
+  // The f16 scales: d (Q6_K's at byte 208), and Q4_1's m or Q4_K's dmin;
+  // the rest (integers, 6-bit and int8 sub-block scales) stays random.
   for (int64_t i = 0; i < blocks; ++i) {
     uint8_t* b = data.data() + i * bytes;
-    half(b, (rng.NextFloat() - 0.5f) * 0.05f);
-    if (type == QuantType::kQ4_1) half(b + 2, (rng.NextFloat() - 0.5f) * 0.05f);
+    half(type == QuantType::kQ6_K ? b + 208 : b, (rng.NextFloat() - 0.5f) * 0.05f);
+    if (type == QuantType::kQ4_1 || type == QuantType::kQ4_K) {
+      half(b + 2, (rng.NextFloat() - 0.5f) * 0.05f);
+    }
   }
   return data;
 }
@@ -69,7 +90,7 @@ class Int8Test : public ::testing::Test {
 
 TEST_F(Int8Test, EveryRowDequantizesAsTheFileDoes) {
   for (QuantType type : kTypes) {
-    const int64_t rows = 37, cols = 96;
+    const int64_t rows = 37, cols = ColsFor(type, 96);
     const std::vector<uint8_t> data = RandomBlocks(type, rows, cols, 1);
     std::vector<float> want(static_cast<size_t>(rows * cols));
     ASSERT_TRUE(DequantizeToFloat(GgmlOf(type), data.data(), rows * cols, want.data()).ok());
@@ -91,8 +112,9 @@ TEST_F(Int8Test, TheKernelEqualsItsDefinitionAndStaysNearTheFloatProduct) {
   for (const int threads : {1, 2}) {
     ThreadPool pool(threads);
     for (QuantType type : kTypes) {
-      for (const Shape s : {Shape{1, 1, 32}, Shape{1, 17, 64}, Shape{3, 16, 96}, Shape{7, 33, 320},
-                            Shape{1, 300, 768}, Shape{20, 48, 256}}) {
+      for (Shape s : {Shape{1, 1, 32}, Shape{1, 17, 64}, Shape{3, 16, 96}, Shape{7, 33, 320},
+                      Shape{1, 300, 768}, Shape{20, 48, 256}, Shape{2, 20, 1024}}) {
+        s.cols = ColsFor(type, s.cols);
         const std::string what = absl::StrCat(QuantTypeName(type), " m=", s.m, " rows=", s.rows,
                                               " cols=", s.cols, " threads=", threads);
         const std::vector<uint8_t> data = RandomBlocks(type, s.rows, s.cols, s.rows + s.cols);
@@ -160,7 +182,8 @@ TEST_F(Int8Test, ARowGivesTheSameBitsInAnyBatch) {
 TEST(Int8PackTest, RefusesTypesAndShapesWithoutInt8Kernels) {
   const std::vector<uint8_t> data(4096);
   for (const QuantizedMatrix& m :
-       {QuantizedMatrix{.type = QuantType::kQ4_K, .rows = 1, .cols = 256, .data = data.data()},
+       {QuantizedMatrix{.type = QuantType::kQ4_K, .rows = 1, .cols = 288, .data = data.data()},
+        QuantizedMatrix{.type = QuantType::kQ6_K, .rows = 2, .cols = 32, .data = data.data()},
         QuantizedMatrix{.type = QuantType::kQ8_0, .rows = 1, .cols = 48, .data = data.data()},
         QuantizedMatrix{.type = QuantType::kQ4_0, .rows = 0, .cols = 32, .data = data.data()}}) {
     EXPECT_EQ(Int8Matrix::Pack(m).status().code(), absl::StatusCode::kInvalidArgument);

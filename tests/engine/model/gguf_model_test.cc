@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <random>
@@ -28,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "engine/cpu/cpu_backend.h"
+#include "engine/cpu/quant_int8.h"
 #include "engine/model.h"
 #include "engine/model/gguf_quant.h"
 #include "tests/engine/backend_test_support.h"
@@ -679,6 +681,46 @@ TEST(GgufModelTest, KeptQuantizedMatricesGiveTheDequantizedModelsLogits) {
       EXPECT_NE(expected[3], expected[4]);
     }
   }
+}
+
+// --int8_activations (CpuBackendOptions::int8_activations) on Q4_K and Q6_K
+// matrices, the only quantized ones of this file: their int8 kernels run
+// (the logits move off the dequantized model's) and stay close to it.
+TEST(GgufModelTest, Int8ActivationsRunTheKQuantsKernels) {
+  if (!cpu::Int8DotSupported()) GTEST_SKIP() << "this processor has no AVX512-VNNI: not run";
+  std::mt19937 rng(11);
+  GgufSpec spec = ModelFile(Arch::kLlama, RandomWeights(Arch::kLlama, false, 11));
+  for (const auto& [name, type] :
+       std::vector<std::pair<std::string, GgmlType>>{{"blk.0.ffn_down.weight", GgmlType::kQ6_K},
+                                                     {"blk.1.ffn_down.weight", GgmlType::kQ4_K}}) {
+    const TensorSpec& t = spec.tensor(name);
+    spec.SetTensor(name, t.dims, type,
+                   RandomData(type, static_cast<int64_t>(t.dims[0] * t.dims[1]), rng));
+  }
+  auto kept = LoadGgufModel(spec.WriteFile(), nullptr, {.keep_quantized = true});
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  const auto model = std::make_shared<const Model>(*std::move(kept));
+  auto exact = CreateCpuBackend(model, {.kv_cache = {.block_size = 16, .num_blocks = 1}});
+  auto int8 = CreateCpuBackend(
+      model, {.kv_cache = {.block_size = 16, .num_blocks = 1}, .int8_activations = true});
+  ASSERT_TRUE(exact.ok() && int8.ok());
+  for (const char* words : {"Q6_K", "Q4_K", "with int8 activations"}) {
+    EXPECT_NE((*int8)->Describe().find(words), std::string::npos) << (*int8)->Describe();
+  }
+  const auto want = testing::OneByOne(**exact, kPrompt, {0});
+  const auto got = testing::OneByOne(**int8, kPrompt, {0});
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_NE(got, want);
+  float largest = 0.0f, off = 0.0f;
+  for (size_t i = 0; i < want.size(); ++i) {
+    for (size_t j = 0; j < want[i].size(); ++j) {
+      largest = std::max(largest, std::fabs(want[i][j]));
+      off = std::max(off, std::fabs(got[i][j] - want[i][j]));
+    }
+  }
+  EXPECT_LT(off, 0.05f * largest) << "largest logit " << largest;  // 1.7% when written
+  std::cout << "int8 activations on Q4_K and Q6_K: logits off by at most " << off << " of "
+            << largest << "\n";
 }
 
 // ---------------------------------------------------------------------------
