@@ -4,9 +4,11 @@
 #include "engine/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <thread>
@@ -90,6 +92,21 @@ class QuantWeight {
       cpu::QuantMatmul(pool, x, ldx, m, *panels_, y, ldy);
     } else {
       cpu::Int8Matmul(pool, x, ldx, m, *int8_, y, ldy);
+    }
+  }
+  // The same product in pieces (ApplyTogether): units of rows (panels of
+  // 32, or int8 groups of 16), and units [u0, u1) of it on this thread,
+  // with int8 weights from `q`, x quantized by cpu::QuantizeRows.
+  bool int8() const { return int8_.has_value(); }
+  int units() const { return panels_ ? panels_->num_panels() : int8_->num_groups(); }
+  void ApplyUnits(const float* x, int64_t ldx, int m, const cpu::Int8Rows& q, int u0, int u1,
+                  float* y, int64_t ldy) const {
+    if (!panels_) {
+      cpu::Int8MatmulGroupsAvx512(q, *int8_, u0, u1, y, ldy);
+    } else if (cpu::BestMatmulIsa() == cpu::MatmulIsa::kAvx512) {
+      cpu::QuantMatmulPanelsAvx512(x, ldx, m, *panels_, u0, u1, y, ldy);
+    } else {
+      cpu::QuantMatmulPanelsAvx2(x, ldx, m, *panels_, u0, u1, y, ldy);
     }
   }
 
@@ -278,6 +295,18 @@ class CpuBackend final : public Backend {
       cpu::Matmul(pool_, x, ldx, m, w.f, n, k, y, ldy);
     }
   }
+  // One product of ApplyTogether: y = x W^T, W [n][k].
+  struct Output {
+    Matrix w;
+    int n = 0;
+    float* y = nullptr;
+    int64_t ldy = 0;
+  };
+  // Products of matrices that read the same x [m, k], in one parallel loop
+  // where their kernels split by rows of W (a decode step's few rows): one
+  // thread handoff, not one per product, and x quantized once for int8
+  // weights. The same bits as Apply on each: the same kernels, row by row.
+  void ApplyTogether(std::initializer_list<Output> outs, const float* x, int64_t ldx, int m, int k);
   static Matrix Of(std::span<const float> f, const std::unique_ptr<QuantWeight>& q) {
     return {f.data(), q.get()};
   }
@@ -286,6 +315,7 @@ class CpuBackend final : public Backend {
   const ModelConfig& c_;
   const KvCacheConfig kv_;
   cpu::ThreadPool pool_;
+  cpu::Int8Rows int8_rows_;  // ApplyTogether's activations, quantized once
   // [num_blocks, n_layers, 2 (K, V), n_kv_heads, block_size, head_dim] of
   // kv_.dtype: one block holds everything a run of block_size positions
   // needs, so the caller's block accounting is the only accounting; and a
@@ -368,6 +398,54 @@ void CpuBackend::Store(int32_t block, int layer, int kind, int offset, const flo
       Scales(block, layer, kind)[h * bs + offset] = cpu::QuantizeInt8(src, hs, row);
     }
   }
+}
+
+void CpuBackend::ApplyTogether(std::initializer_list<Output> outs, const float* x, int64_t ldx,
+                               int m, int k) {
+  const int threads = pool_.size();
+  int64_t work = 0;
+  bool int8 = false;
+  for (const Output& o : outs) {
+    work += int64_t{m} * o.n * k;
+    int8 = int8 || (o.w.q != nullptr && o.w.q->int8());
+  }
+  // Where a single product would not split either (Matmul's and the
+  // quantized products' own thresholds), or X must be prepared first.
+  if (threads == 1 || m <= 0 || k <= 0 || work < (int64_t{1} << 17) || !cpu::MatmulSplitsRows(m)) {
+    for (const Output& o : outs) Apply(o.w, x, ldx, m, o.n, k, o.y, o.ldy);
+    return;
+  }
+  if (int8) cpu::QuantizeRows(x, ldx, m, k, int8_rows_);
+  // Each product's units in a few tasks per thread, as its own call would
+  // split it, the tasks of all of them in one loop.
+  struct Piece {
+    const Output* out;
+    int units, tasks, first;
+  };
+  std::array<Piece, 4> pieces;
+  int count = 0, total = 0;
+  for (const Output& o : outs) {
+    const int units =
+        o.w.q != nullptr ? o.w.q->units() : (o.n + cpu::kMatmulRowUnit - 1) / cpu::kMatmulRowUnit;
+    const int tasks = std::min(units, threads * 4);
+    pieces.at(count++) = {&o, units, tasks, total};
+    total += tasks;
+  }
+  pool_.ParallelFor(total, [&](int task, int) {
+    int p = 0;
+    while (p + 1 < count && task >= pieces[p + 1].first) ++p;
+    const Piece& piece = pieces[p];
+    const int t = task - piece.first;
+    const int u0 = static_cast<int>(int64_t{piece.units} * t / piece.tasks);
+    const int u1 = static_cast<int>(int64_t{piece.units} * (t + 1) / piece.tasks);
+    const Output& o = *piece.out;
+    if (o.w.q != nullptr) {
+      o.w.q->ApplyUnits(x, ldx, m, int8_rows_, u0, u1, o.y, o.ldy);
+    } else {
+      cpu::MatmulRows(x, ldx, m, o.w.f, o.n, k, std::min(o.n, u0 * cpu::kMatmulRowUnit),
+                      std::min(o.n, u1 * cpu::kMatmulRowUnit), o.y, o.ldy);
+    }
+  });
 }
 
 void CpuBackend::Attention(const StepBatch& batch, int layer) {
@@ -481,9 +559,10 @@ absl::Status CpuBackend::Step(const StepBatch& batch, std::span<float> logits) {
       cpu::RmsNorm(&x_[static_cast<size_t>(t) * dim], lw.attn_norm.data(), dim, eps,
                    &xb_[static_cast<size_t>(t) * dim]);
     }
-    Apply(Of(lw.wq, pl.wq), xb_.data(), dim, num_tokens, dim, dim, q_.data(), dim);
-    Apply(Of(lw.wk, pl.wk), xb_.data(), dim, num_tokens, kv_dim, dim, k_.data(), kv_dim);
-    Apply(Of(lw.wv, pl.wv), xb_.data(), dim, num_tokens, kv_dim, dim, v_.data(), kv_dim);
+    ApplyTogether({{Of(lw.wq, pl.wq), dim, q_.data(), dim},
+                   {Of(lw.wk, pl.wk), kv_dim, k_.data(), kv_dim},
+                   {Of(lw.wv, pl.wv), kv_dim, v_.data(), kv_dim}},
+                  xb_.data(), dim, num_tokens, dim);
     if (c_.qkv_bias) {
       AddBias(lw.bq, num_tokens, q_.data());
       AddBias(lw.bk, num_tokens, k_.data());
@@ -542,8 +621,9 @@ absl::Status CpuBackend::Step(const StepBatch& batch, std::span<float> logits) {
       cpu::RmsNorm(&x_[static_cast<size_t>(t) * dim], lw.ffn_norm.data(), dim, eps,
                    &xb_[static_cast<size_t>(t) * dim]);
     }
-    Apply(Of(lw.w1, pl.w1), xb_.data(), dim, num_tokens, hidden, dim, hb_.data(), hidden);
-    Apply(Of(lw.w3, pl.w3), xb_.data(), dim, num_tokens, hidden, dim, hb2_.data(), hidden);
+    ApplyTogether({{Of(lw.w1, pl.w1), hidden, hb_.data(), hidden},
+                   {Of(lw.w3, pl.w3), hidden, hb2_.data(), hidden}},
+                  xb_.data(), dim, num_tokens, dim);
     for (size_t i = 0; i < static_cast<size_t>(num_tokens) * hidden; ++i) {
       const float g = hb_[i];
       hb_[i] = g * (1.0f / (1.0f + std::exp(-g))) * hb2_[i];

@@ -181,16 +181,28 @@ void Matmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const float* w
     });
   };
   // Every kernel computes the same bits.
-  if (isa == MatmulIsa::kAvx512 && m == 1) {
-    run([=](int j0, int j1) { MatvecAvx512(x, w, n, j0, j1, k, y); });
-  } else if (isa == MatmulIsa::kAvx512 && m >= kMinRowsAcrossLanes) {
+  if (MatmulSplitsRows(m, isa)) {
+    run([=](int j0, int j1) { MatmulRows(x, ldx, m, w, n, k, j0, j1, y, ldy, isa); });
+  } else {
     const int64_t ldxt = (m + 15) / 16 * 16;
     float* xt = TransposeBuffer(static_cast<size_t>(ldxt) * k);
     TransposeRowsAvx512(x, ldx, m, k, xt, ldxt);
     run([=](int j0, int j1) { MatmulTokensAvx512(xt, ldxt, m, w, j0, j1, k, y, ldy); });
+  }
+}
+
+static_assert(kMatmulRowUnit == kPanel, "Matmul splits W's rows by panels");
+
+bool MatmulSplitsRows(int m, MatmulIsa isa) {
+  return isa != MatmulIsa::kAvx512 || m < kMinRowsAcrossLanes;
+}
+
+void MatmulRows(const float* x, int64_t ldx, int m, const float* w, int n, int k, int j0, int j1,
+                float* y, int64_t ldy, MatmulIsa isa) {
+  if (isa == MatmulIsa::kAvx512 && m == 1) {
+    MatvecAvx512(x, w, n, j0, j1, k, y);
   } else {
-    const MatmulPanelsFn panels = ChosenKernel(isa);
-    run([=](int j0, int j1) { panels(x, ldx, m, w, n, j0, j1, k, y, ldy); });
+    ChosenKernel(isa)(x, ldx, m, w, n, j0, j1, k, y, ldy);
   }
 }
 

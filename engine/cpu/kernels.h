@@ -42,6 +42,16 @@ MatmulIsa BestMatmulIsa();
 void Matmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const float* w, int n, int k,
             float* y, int64_t ldy, MatmulIsa isa = BestMatmulIsa());
 
+// Matmul's pieces, for running several products in one parallel loop (the
+// CPU backend's projections that read the same X): where MatmulSplitsRows(m)
+// holds, Matmul is MatmulRows over ranges of W's rows [j0, j1) (j0 a
+// multiple of kMatmulRowUnit, j1 too or n), run on any threads, each range
+// once; for more rows of X it prepares X first and must be called whole.
+inline constexpr int kMatmulRowUnit = 32;
+bool MatmulSplitsRows(int m, MatmulIsa isa = BestMatmulIsa());
+void MatmulRows(const float* x, int64_t ldx, int m, const float* w, int n, int k, int j0, int j1,
+                float* y, int64_t ldy, MatmulIsa isa = BestMatmulIsa());
+
 // The same product one element at a time, in scalar code: the definition
 // Matmul must equal bit for bit (tests compare the two).
 void MatmulReference(const float* x, int64_t ldx, int m, const float* w, int n, int k, float* y,

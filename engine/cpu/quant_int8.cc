@@ -16,11 +16,6 @@
 
 namespace coalesce::engine::cpu {
 
-// The kernel (quant_int8_avx512.cc): groups [g0, g1) of w against the m
-// quantized rows.
-void Int8MatmulGroupsAvx512(const Int8Rows& x, const Int8Matrix& w, int g0, int g1, float* y,
-                            int64_t ldy);
-
 namespace {
 
 uint16_t Load16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | p[1] << 8); }

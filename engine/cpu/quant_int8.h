@@ -129,6 +129,12 @@ void QuantizeRows(const float* x, int64_t ldx, int m, int k, Int8Rows& out);
 void Int8Matmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const Int8Matrix& w, float* y,
                 int64_t ldy);
 
+// Int8Matmul's pieces, for running several products in one parallel loop:
+// Int8Matmul is QuantizeRows, then this over ranges of groups [g0, g1), on
+// any threads, each range once (quant_int8_avx512.cc).
+void Int8MatmulGroupsAvx512(const Int8Rows& x, const Int8Matrix& w, int g0, int g1, float* y,
+                            int64_t ldy);
+
 // The same, one element at a time in scalar code: the definition Int8Matmul
 // must equal bit for bit (the tests compare them).
 void Int8MatmulReference(const float* x, int64_t ldx, int m, const Int8Matrix& w, float* y,

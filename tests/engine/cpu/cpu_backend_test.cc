@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/cpu/quant_int8.h"
+#include "engine/model/quantize.h"
 #include "engine/tokenizer/llama2c_tokenizer.h"
 #include "tests/engine/backend_test_support.h"
 
@@ -71,6 +73,59 @@ TEST(CpuBackendTest, BlockSizeAndThreadsDoNotChangeResults) {
           ASSERT_EQ(got[i], reference[i])
               << "block_size " << block_size << " threads " << threads << " step " << i;
         }
+      }
+    }
+  }
+}
+
+// A model big enough for a step's projections to run in one parallel loop
+// together (q, k and v; the feed-forward's w1 and w3: CpuBackend's
+// ApplyTogether), with float32, quantized and int8-activation weights: more
+// threads change nothing, for one row of activations or several, and one
+// thread (each product alone, inline) is the reference.
+TEST(CpuBackendTest, ProjectionsRunTogetherGiveTheSameBits) {
+  const std::shared_ptr<const Model> synthetic = Synthetic("synthetic:15m");
+  ASSERT_NE(synthetic, nullptr);
+  const std::vector<int32_t> prompt = Prompt(6, synthetic->config.vocab_size);
+  struct Case {
+    std::string name;
+    std::shared_ptr<const Model> model;
+    bool int8 = false;
+  };
+  std::vector<Case> cases = {{"fp32", synthetic}};
+  for (const QuantType type : {QuantType::kQ8_0, QuantType::kQ4_1}) {
+    auto quantized = QuantizeModel(synthetic, type);
+    ASSERT_TRUE(quantized.ok()) << quantized.status();
+    cases.push_back({QuantTypeName(type), *quantized});
+    if (cpu::Int8DotSupported()) {
+      cases.push_back({std::string(QuantTypeName(type)) + " int8", *quantized, true});
+    }
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<std::vector<float>> reference;
+    for (const int threads : {1, 2, 3}) {
+      auto backend = CreateCpuBackend(c.model, {.kv_cache = {.block_size = 16, .num_blocks = 1},
+                                                .threads = threads,
+                                                .int8_activations = c.int8});
+      ASSERT_TRUE(backend.ok()) << backend.status();
+      auto got = OneByOne(**backend, prompt, {0});
+      // The whole prompt in one step (6 rows of activations), then its
+      // last token's logits.
+      const std::vector<int32_t> table = {0};
+      const SequenceStep seq{
+          .num_tokens = static_cast<int32_t>(prompt.size()), .start_pos = 0, .block_table = table};
+      std::vector<float> logits(static_cast<size_t>(c.model->config.vocab_size));
+      const absl::Status status = (*backend)->Step({.tokens = prompt, .seqs = {&seq, 1}}, logits);
+      ASSERT_TRUE(status.ok()) << status;
+      got.push_back(std::move(logits));
+      if (threads == 1) {
+        reference = std::move(got);
+        continue;
+      }
+      ASSERT_EQ(got.size(), reference.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(got[i], reference[i]) << "threads " << threads << " step " << i;
       }
     }
   }
