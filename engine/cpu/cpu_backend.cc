@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/kv_quant.h"
+#include "engine/cpu/products.h"
 #include "engine/cpu/quant_int8.h"
 #include "engine/cpu/quant_matmul.h"
 #include "engine/cpu/thread_pool.h"
@@ -94,20 +95,9 @@ class QuantWeight {
       cpu::Int8Matmul(pool, x, ldx, m, *int8_, y, ldy);
     }
   }
-  // The same product in pieces (ApplyTogether): units of rows (panels of
-  // 32, or int8 groups of 16), and units [u0, u1) of it on this thread,
-  // with int8 weights from `q`, x quantized by cpu::QuantizeRows.
-  bool int8() const { return int8_.has_value(); }
-  int units() const { return panels_ ? panels_->num_panels() : int8_->num_groups(); }
-  void ApplyUnits(const float* x, int64_t ldx, int m, const cpu::Int8Rows& q, int u0, int u1,
-                  float* y, int64_t ldy) const {
-    if (!panels_) {
-      cpu::Int8MatmulGroupsAvx512(q, *int8_, u0, u1, y, ldy);
-    } else if (cpu::BestMatmulIsa() == cpu::MatmulIsa::kAvx512) {
-      cpu::QuantMatmulPanelsAvx512(x, ldx, m, *panels_, u0, u1, y, ldy);
-    } else {
-      cpu::QuantMatmulPanelsAvx2(x, ldx, m, *panels_, u0, u1, y, ldy);
-    }
+  // This matrix for cpu::MatmulTogether.
+  cpu::MatmulWeights weights() const {
+    return {.panels = panels_ ? &*panels_ : nullptr, .int8 = int8_ ? &*int8_ : nullptr};
   }
 
  private:
@@ -303,9 +293,7 @@ class CpuBackend final : public Backend {
     int64_t ldy = 0;
   };
   // Products of matrices that read the same x [m, k], in one parallel loop
-  // where their kernels split by rows of W (a decode step's few rows): one
-  // thread handoff, not one per product, and x quantized once for int8
-  // weights. The same bits as Apply on each: the same kernels, row by row.
+  // (cpu/products.h): the same bits as Apply on each.
   void ApplyTogether(std::initializer_list<Output> outs, const float* x, int64_t ldx, int m, int k);
   static Matrix Of(std::span<const float> f, const std::unique_ptr<QuantWeight>& q) {
     return {f.data(), q.get()};
@@ -402,50 +390,16 @@ void CpuBackend::Store(int32_t block, int layer, int kind, int offset, const flo
 
 void CpuBackend::ApplyTogether(std::initializer_list<Output> outs, const float* x, int64_t ldx,
                                int m, int k) {
-  const int threads = pool_.size();
-  int64_t work = 0;
-  bool int8 = false;
+  std::array<cpu::MatmulProduct, 3> products;
+  size_t count = 0;
   for (const Output& o : outs) {
-    work += int64_t{m} * o.n * k;
-    int8 = int8 || (o.w.q != nullptr && o.w.q->int8());
+    products.at(count++) = {
+        .w = o.w.q != nullptr ? o.w.q->weights() : cpu::MatmulWeights{.f = o.w.f},
+        .n = o.n,
+        .y = o.y,
+        .ldy = o.ldy};
   }
-  // Where a single product would not split either (Matmul's and the
-  // quantized products' own thresholds), or X must be prepared first.
-  if (threads == 1 || m <= 0 || k <= 0 || work < (int64_t{1} << 17) || !cpu::MatmulSplitsRows(m)) {
-    for (const Output& o : outs) Apply(o.w, x, ldx, m, o.n, k, o.y, o.ldy);
-    return;
-  }
-  if (int8) cpu::QuantizeRows(x, ldx, m, k, int8_rows_);
-  // Each product's units in a few tasks per thread, as its own call would
-  // split it, the tasks of all of them in one loop.
-  struct Piece {
-    const Output* out;
-    int units, tasks, first;
-  };
-  std::array<Piece, 4> pieces;
-  int count = 0, total = 0;
-  for (const Output& o : outs) {
-    const int units =
-        o.w.q != nullptr ? o.w.q->units() : (o.n + cpu::kMatmulRowUnit - 1) / cpu::kMatmulRowUnit;
-    const int tasks = std::min(units, threads * 4);
-    pieces.at(count++) = {&o, units, tasks, total};
-    total += tasks;
-  }
-  pool_.ParallelFor(total, [&](int task, int) {
-    int p = 0;
-    while (p + 1 < count && task >= pieces[p + 1].first) ++p;
-    const Piece& piece = pieces[p];
-    const int t = task - piece.first;
-    const int u0 = static_cast<int>(int64_t{piece.units} * t / piece.tasks);
-    const int u1 = static_cast<int>(int64_t{piece.units} * (t + 1) / piece.tasks);
-    const Output& o = *piece.out;
-    if (o.w.q != nullptr) {
-      o.w.q->ApplyUnits(x, ldx, m, int8_rows_, u0, u1, o.y, o.ldy);
-    } else {
-      cpu::MatmulRows(x, ldx, m, o.w.f, o.n, k, std::min(o.n, u0 * cpu::kMatmulRowUnit),
-                      std::min(o.n, u1 * cpu::kMatmulRowUnit), o.y, o.ldy);
-    }
-  });
+  cpu::MatmulTogether(pool_, std::span(products.data(), count), x, ldx, m, k, int8_rows_);
 }
 
 void CpuBackend::Attention(const StepBatch& batch, int layer) {

@@ -10,9 +10,10 @@
 // cpu/kernels.h) or a quantized block type (cpu/quant_matmul.h, random
 // blocks with small finite scales: the kernels' speed does not depend on the
 // values), and times all of them against --rows rows of activations, the
-// median of --repeat passes. Attention, norms and sampling are left out: at
-// batch 1 and short contexts they are a small part of a step
-// (coalesce-engine-bench measures whole steps).
+// median of --repeat passes, run as the engine runs them: q, k and v in one
+// parallel loop, and gate and up in another (cpu/products.h). Attention, norms and sampling are
+// left out: at batch 1 and short contexts they are a small part of a step (coalesce-engine-bench
+// measures whole steps).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -32,6 +33,7 @@
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/kv_quant.h"
 #include "engine/cpu/memory_bandwidth.h"
+#include "engine/cpu/products.h"
 #include "engine/cpu/quant_int8.h"
 #include "engine/cpu/quant_matmul.h"
 #include "engine/cpu/thread_pool.h"
@@ -55,15 +57,17 @@ namespace {
 
 struct Shape {
   int rows, cols;
+  bool with_next = false;  // runs in one loop with the next matrix (same input)
 };
 
 // Every matrix one decode step multiplies, [out][in].
 std::vector<Shape> StepMatrices(const engine::ModelConfig& c) {
   std::vector<Shape> out;
   for (int l = 0; l < c.n_layers; ++l) {
-    for (const Shape s : {Shape{c.dim, c.dim}, Shape{c.kv_dim(), c.dim}, Shape{c.kv_dim(), c.dim},
-                          Shape{c.dim, c.dim}, Shape{c.hidden_dim, c.dim},
-                          Shape{c.hidden_dim, c.dim}, Shape{c.dim, c.hidden_dim}}) {
+    for (const Shape s :
+         {Shape{c.dim, c.dim, true}, Shape{c.kv_dim(), c.dim, true}, Shape{c.kv_dim(), c.dim},
+          Shape{c.dim, c.dim}, Shape{c.hidden_dim, c.dim, true}, Shape{c.hidden_dim, c.dim},
+          Shape{c.dim, c.hidden_dim}}) {
       out.push_back(s);
     }
   }
@@ -119,6 +123,24 @@ struct Result {
   std::vector<double> seconds;  // per --rows entry
 };
 
+// Every matrix of the step against m rows of x, as the engine runs them:
+// weights(i) is matrix i's; the products of one loop write one output each
+// (y is sized for the three widest).
+template <typename Weights>
+void Step(engine::cpu::ThreadPool& pool, const std::vector<Shape>& shapes, Weights&& weights,
+          const float* x, int m, float* y, int64_t y_stride, engine::cpu::Int8Rows& scratch) {
+  std::vector<engine::cpu::MatmulProduct> loop;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    loop.push_back({.w = weights(i),
+                    .n = shapes[i].rows,
+                    .y = y + loop.size() * y_stride,
+                    .ldy = shapes[i].rows});
+    if (shapes[i].with_next) continue;
+    engine::cpu::MatmulTogether(pool, loop, x, shapes[i].cols, m, shapes[i].cols, scratch);
+    loop.clear();
+  }
+}
+
 template <typename Fn>
 double Median(int repeat, Fn&& pass) {
   pass();  // warm-up
@@ -162,8 +184,9 @@ int Run() {
   }
   const int max_m = *std::max_element(row_counts.begin(), row_counts.end());
   engine::Rng rng(7);
-  std::vector<float> x(static_cast<size_t>(max_m) * max_cols),
-      y(static_cast<size_t>(max_m) * max_rows);
+  const int64_t y_stride = int64_t{max_m} * max_rows;
+  std::vector<float> x(static_cast<size_t>(max_m) * max_cols), y(static_cast<size_t>(3 * y_stride));
+  engine::cpu::Int8Rows scratch;
   for (float& v : x) v = rng.NextFloat() - 0.5f;
 
   std::printf(
@@ -187,10 +210,9 @@ int Run() {
       }
       for (const int m : row_counts) {
         r.seconds.push_back(Median(repeat, [&] {
-          for (size_t i = 0; i < shapes.size(); ++i) {
-            engine::cpu::Matmul(pool, x.data(), shapes[i].cols, m, w[i].data(), shapes[i].rows,
-                                shapes[i].cols, y.data(), shapes[i].rows);
-          }
+          Step(
+              pool, shapes, [&](size_t i) { return engine::cpu::MatmulWeights{.f = w[i].data()}; },
+              x.data(), m, y.data(), y_stride, scratch);
         }));
       }
     } else {
@@ -232,17 +254,15 @@ int Run() {
       }
       for (const int m : row_counts) {
         r.seconds.push_back(Median(repeat, [&] {
-          for (size_t i = 0; i < shapes.size(); ++i) {
-            engine::cpu::QuantMatmul(pool, x.data(), shapes[i].cols, m, w[i], y.data(),
-                                     shapes[i].rows);
-          }
+          Step(
+              pool, shapes, [&](size_t i) { return engine::cpu::MatmulWeights{.panels = &w[i]}; },
+              x.data(), m, y.data(), y_stride, scratch);
         }));
         if (!int8) continue;
         r8.seconds.push_back(Median(repeat, [&] {
-          for (size_t i = 0; i < shapes.size(); ++i) {
-            engine::cpu::Int8Matmul(pool, x.data(), shapes[i].cols, m, w8[i], y.data(),
-                                    shapes[i].rows);
-          }
+          Step(
+              pool, shapes, [&](size_t i) { return engine::cpu::MatmulWeights{.int8 = &w8[i]}; },
+              x.data(), m, y.data(), y_stride, scratch);
         }));
       }
       if (int8) {

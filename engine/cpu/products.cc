@@ -1,0 +1,87 @@
+#include "engine/cpu/products.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace coalesce::engine::cpu {
+namespace {
+
+// The product alone, as its own kernel's entry point runs it.
+void Alone(ThreadPool& pool, const MatmulProduct& p, const float* x, int64_t ldx, int m, int k) {
+  if (p.w.panels != nullptr) {
+    QuantMatmul(pool, x, ldx, m, *p.w.panels, p.y, p.ldy);
+  } else if (p.w.int8 != nullptr) {
+    Int8Matmul(pool, x, ldx, m, *p.w.int8, p.y, p.ldy);
+  } else {
+    Matmul(pool, x, ldx, m, p.w.f, p.n, k, p.y, p.ldy);
+  }
+}
+
+// Units of rows a loop may split the product into: W's panels of 32 rows
+// (float32 and quantized) or int8 groups of 16.
+int Units(const MatmulProduct& p) {
+  if (p.w.panels != nullptr) return p.w.panels->num_panels();
+  if (p.w.int8 != nullptr) return p.w.int8->num_groups();
+  return (p.n + kMatmulRowUnit - 1) / kMatmulRowUnit;
+}
+
+// Units [u0, u1) of the product, on this thread.
+void RunUnits(const MatmulProduct& p, const float* x, int64_t ldx, int m, int k, const Int8Rows& q,
+              int u0, int u1) {
+  if (p.w.int8 != nullptr) {
+    Int8MatmulGroupsAvx512(q, *p.w.int8, u0, u1, p.y, p.ldy);
+  } else if (p.w.panels != nullptr) {
+    (BestMatmulIsa() == MatmulIsa::kAvx512 ? QuantMatmulPanelsAvx512 : QuantMatmulPanelsAvx2)(
+        x, ldx, m, *p.w.panels, u0, u1, p.y, p.ldy);
+  } else {
+    MatmulRows(x, ldx, m, p.w.f, p.n, k, std::min(p.n, u0 * kMatmulRowUnit),
+               std::min(p.n, u1 * kMatmulRowUnit), p.y, p.ldy);
+  }
+}
+
+}  // namespace
+
+void MatmulTogether(ThreadPool& pool, std::span<const MatmulProduct> products, const float* x,
+                    int64_t ldx, int m, int k, Int8Rows& int8_rows) {
+  const int threads = pool.size();
+  int64_t work = 0;
+  bool int8 = false;
+  for (const MatmulProduct& p : products) {
+    work += int64_t{m} * p.n * k;
+    int8 = int8 || p.w.int8 != nullptr;
+  }
+  // Alone where there is one, where the products are too small to split
+  // (the kernels' own thresholds: a handoff costs more than it saves), or
+  // where X must be prepared first (Matmul across many rows).
+  if (products.size() < 2 || threads == 1 || m <= 0 || k <= 0 || work < (int64_t{1} << 17) ||
+      !MatmulSplitsRows(m)) {
+    for (const MatmulProduct& p : products) Alone(pool, p, x, ldx, m, k);
+    return;
+  }
+  if (int8) QuantizeRows(x, ldx, m, k, int8_rows);
+  // Each product's units in a few tasks per thread, as its own call would
+  // split it; the tasks of all of them in one loop.
+  struct Piece {
+    int units, tasks, first;
+  };
+  std::vector<Piece> pieces;
+  pieces.reserve(products.size());
+  int total = 0;
+  for (const MatmulProduct& p : products) {
+    const int units = Units(p);
+    const int tasks = std::min(units, threads * 4);
+    pieces.push_back({units, tasks, total});
+    total += tasks;
+  }
+  pool.ParallelFor(total, [&](int task, int) {
+    size_t i = 0;
+    while (i + 1 < pieces.size() && task >= pieces[i + 1].first) ++i;
+    const Piece& piece = pieces[i];
+    const int t = task - piece.first;
+    RunUnits(products[i], x, ldx, m, k, int8_rows,
+             static_cast<int>(int64_t{piece.units} * t / piece.tasks),
+             static_cast<int>(int64_t{piece.units} * (t + 1) / piece.tasks));
+  });
+}
+
+}  // namespace coalesce::engine::cpu

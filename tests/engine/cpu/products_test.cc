@@ -1,0 +1,86 @@
+// Several products of one X in one parallel loop (cpu/products.h): each
+// gives the bits of its own kernel alone, for float32, quantized and int8
+// weights mixed in one call, one row of X or several, any thread count.
+#include "engine/cpu/products.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cpu/kv_quant.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+
+namespace coalesce::engine::cpu {
+namespace {
+
+std::vector<uint8_t> RandomQ8(int rows, int cols, Rng& rng) {
+  std::vector<uint8_t> data(static_cast<size_t>(rows) * cols / 32 * 34);
+  for (uint8_t& b : data) b = static_cast<uint8_t>(rng.NextU64());
+  for (size_t i = 0; i < data.size(); i += 34) {
+    const uint16_t d = ToFp16((rng.NextFloat() + 0.5f) * 1e-2f).bits;
+    data[i] = static_cast<uint8_t>(d);
+    data[i + 1] = static_cast<uint8_t>(d >> 8);
+  }
+  return data;
+}
+
+TEST(MatmulTogetherTest, EachProductEqualsItsKernelAlone) {
+  Rng rng(5);
+  const int k = 512;
+  const int rows[3] = {200, 96, 1000};  // float32, Q8_0 panels, Q8_0 int8 (or panels)
+  std::vector<float> f(static_cast<size_t>(rows[0]) * k);
+  for (float& v : f) v = rng.NextFloat() - 0.5f;
+  const std::vector<uint8_t> q1 = RandomQ8(rows[1], k, rng), q2 = RandomQ8(rows[2], k, rng);
+  auto panels =
+      PackedMatrix::Pack({.type = QuantType::kQ8_0, .rows = rows[1], .cols = k, .data = q1.data()});
+  ASSERT_TRUE(panels.ok());
+  const QuantizedMatrix third{
+      .type = QuantType::kQ8_0, .rows = rows[2], .cols = k, .data = q2.data()};
+  auto third_panels = PackedMatrix::Pack(third);
+  ASSERT_TRUE(third_panels.ok());
+  std::optional<Int8Matrix> third_int8;
+  if (Int8DotSupported()) {
+    auto packed = Int8Matrix::Pack(third);
+    ASSERT_TRUE(packed.ok());
+    third_int8 = *std::move(packed);
+  }
+  const MatmulWeights weights[3] = {
+      {.f = f.data()},
+      {.panels = &*panels},
+      third_int8 ? MatmulWeights{.int8 = &*third_int8} : MatmulWeights{.panels = &*third_panels}};
+  for (const int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    for (const int m : {1, 5, 47}) {
+      const std::string what = absl::StrCat("threads ", threads, " m ", m);
+      std::vector<float> x(static_cast<size_t>(m) * (k + 3));
+      for (float& v : x) v = rng.NextFloat() * 2.0f - 1.0f;
+      std::vector<std::vector<float>> alone(3), together(3);
+      std::vector<MatmulProduct> products;
+      for (int i = 0; i < 3; ++i) {
+        alone[i].assign(static_cast<size_t>(m) * (rows[i] + 1), -1.0f);
+        together[i] = alone[i];
+        products.push_back({weights[i], rows[i], together[i].data(), rows[i] + 1});
+      }
+      if (weights[0].f != nullptr) {
+        Matmul(pool, x.data(), k + 3, m, f.data(), rows[0], k, alone[0].data(), rows[0] + 1);
+      }
+      QuantMatmul(pool, x.data(), k + 3, m, *panels, alone[1].data(), rows[1] + 1);
+      if (third_int8) {
+        Int8Matmul(pool, x.data(), k + 3, m, *third_int8, alone[2].data(), rows[2] + 1);
+      } else {
+        QuantMatmul(pool, x.data(), k + 3, m, *third_panels, alone[2].data(), rows[2] + 1);
+      }
+      Int8Rows scratch;
+      MatmulTogether(pool, products, x.data(), k + 3, m, k, scratch);
+      for (int i = 0; i < 3; ++i) EXPECT_EQ(together[i], alone[i]) << what << " product " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace coalesce::engine::cpu
