@@ -49,6 +49,24 @@ inline void Nibbles(const uint8_t* p, __m256i out[4]) {
   out[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8));
 }
 
+// One column of a Q6_K group, its 32 rows' 6-bit integers as bytes: `lo`
+// rows 0-15, `hi` rows 16-31, from 16 bytes of low nibbles (byte c: rows c
+// and c + 16) and 8 of high bits (byte c: rows c, c + 8, c + 16, c + 24 at
+// bits 0, 2, 4, 6). The 8 bytes twice in one vector, each half shifted so
+// that its rows' two bits land at bits 4-5 of their byte (bits shifted in
+// from a neighbouring byte fall outside them and are masked away).
+inline void Q6Column(const uint8_t* low, const uint8_t* high, __m128i* lo, __m128i* hi) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(low));
+  int64_t bits;
+  std::memcpy(&bits, high, 8);
+  const __m128i h = _mm_set1_epi64x(bits);
+  const __m128i nibble = _mm_set1_epi8(0x0F), two = _mm_set1_epi8(0x30);
+  *lo = _mm_or_si128(_mm_and_si128(b, nibble),
+                     _mm_and_si128(_mm_sllv_epi64(h, _mm_set_epi64x(2, 4)), two));
+  *hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(b, 4), nibble),
+                     _mm_and_si128(_mm_srlv_epi64(h, _mm_set_epi64x(2, 0)), two));
+}
+
 // Calls sink(kk, i, v) with the dequantized weights of one group (its
 // layout: quant_matmul.h): v holds rows 8i .. 8i + 7 at column kk of the
 // group, kk in increasing order. Each value is the block formula's float, as
@@ -89,7 +107,7 @@ inline void ForEachValue(QuantType type, const uint8_t* group, Sink&& sink) {
         Nibbles(group + 128 + kk * 16, n);
         for (int i = 0; i < 4; ++i) {
           // d * q is exact, so a fused d * q + m rounds as the two steps do.
-          sink(kk, i, _mm256_add_ps(_mm256_mul_ps(d[i], _mm256_cvtepi32_ps(n[i])), m[i]));
+          sink(kk, i, _mm256_fmadd_ps(d[i], _mm256_cvtepi32_ps(n[i]), m[i]));
         }
       }
       break;
@@ -107,7 +125,9 @@ inline void ForEachValue(QuantType type, const uint8_t* group, Sink&& sink) {
           __m256i n[4];
           Nibbles(group + 640 + kk * 16, n);
           for (int i = 0; i < 4; ++i) {
-            sink(kk, i, _mm256_sub_ps(_mm256_mul_ps(dl[i], _mm256_cvtepi32_ps(n[i])), ml[i]));
+            // dl * q is exact (17 bits by 4): fused, the one rounding is the
+            // subtraction's.
+            sink(kk, i, _mm256_fmsub_ps(dl[i], _mm256_cvtepi32_ps(n[i]), ml[i]));
           }
         }
       }
@@ -115,8 +135,6 @@ inline void ForEachValue(QuantType type, const uint8_t* group, Sink&& sink) {
     }
     case QuantType::kQ6_K: {
       // dl * (q - 32) as fma(dl, q, -32 dl): exact, as Q4_0's.
-      const __m256i three = _mm256_set1_epi32(3);
-      const uint8_t* qh = group + 576 + 4096;
       for (int j = 0; j < 16; ++j) {
         __m256 dl[4], c[4];
         for (int i = 0; i < 4; ++i) {
@@ -124,14 +142,12 @@ inline void ForEachValue(QuantType type, const uint8_t* group, Sink&& sink) {
           c[i] = _mm256_mul_ps(dl[i], _mm256_set1_ps(-32.0f));
         }
         for (int kk = 16 * j; kk < 16 * j + 16; ++kk) {
-          __m256i n[4];
-          Nibbles(group + 576 + kk * 16, n);
-          const __m256i h =
-              _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qh + kk * 8)));
+          __m128i q[2];
+          Q6Column(group + 576 + kk * 16, group + 576 + 4096 + kk * 8, &q[0], &q[1]);
           for (int i = 0; i < 4; ++i) {
-            const __m256i high = _mm256_and_si256(_mm256_srli_epi32(h, 2 * i), three);
-            const __m256i q = _mm256_or_si256(n[i], _mm256_slli_epi32(high, 4));
-            sink(kk, i, _mm256_fmadd_ps(dl[i], _mm256_cvtepi32_ps(q), c[i]));
+            const __m256i v =
+                _mm256_cvtepu8_epi32(i % 2 == 0 ? q[i / 2] : _mm_srli_si128(q[i / 2], 8));
+            sink(kk, i, _mm256_fmadd_ps(dl[i], _mm256_cvtepi32_ps(v), c[i]));
           }
         }
       }
@@ -195,7 +211,7 @@ inline void ForEachValue16(QuantType type, const uint8_t* group, Sink&& sink) {
         __m512i n[2];
         Nibbles16(group + 128 + kk * 16, n);
         for (int i = 0; i < 2; ++i) {
-          sink(kk, i, _mm512_add_ps(_mm512_mul_ps(d[i], _mm512_cvtepi32_ps(n[i])), m[i]));
+          sink(kk, i, _mm512_fmadd_ps(d[i], _mm512_cvtepi32_ps(n[i]), m[i]));  // exact, as above
         }
       }
       break;
@@ -213,34 +229,25 @@ inline void ForEachValue16(QuantType type, const uint8_t* group, Sink&& sink) {
           __m512i n[2];
           Nibbles16(group + 640 + kk * 16, n);
           for (int i = 0; i < 2; ++i) {
-            sink(kk, i, _mm512_sub_ps(_mm512_mul_ps(dl[i], _mm512_cvtepi32_ps(n[i])), ml[i]));
+            sink(kk, i, _mm512_fmsub_ps(dl[i], _mm512_cvtepi32_ps(n[i]), ml[i]));  // as above
           }
         }
       }
       break;
     }
     case QuantType::kQ6_K: {
-      const __m512i three = _mm512_set1_epi32(3);  // fma(dl, q, -32 dl), exact
-      // Row r's 2 high bits are at bit 2 (r / 8) of byte r % 8.
-      const __m512i shift[2] = {_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
-                                _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6)};
-      const uint8_t* qh = group + 576 + 4096;
       for (int j = 0; j < 16; ++j) {
-        __m512 dl[2], c[2];
+        __m512 dl[2], c[2];  // fma(dl, q, -32 dl), exact
         for (int i = 0; i < 2; ++i) {
           dl[i] = _mm512_mul_ps(d[i], Signed16(group + 64 + j * 32 + 16 * i));
           c[i] = _mm512_mul_ps(dl[i], _mm512_set1_ps(-32.0f));
         }
         for (int kk = 16 * j; kk < 16 * j + 16; ++kk) {
-          __m512i n[2];
-          Nibbles16(group + 576 + kk * 16, n);
-          int64_t bytes;
-          std::memcpy(&bytes, qh + kk * 8, 8);
-          const __m512i h = _mm512_cvtepu8_epi32(_mm_set1_epi64x(bytes));
+          __m128i q[2];
+          Q6Column(group + 576 + kk * 16, group + 576 + 4096 + kk * 8, &q[0], &q[1]);
           for (int i = 0; i < 2; ++i) {
-            const __m512i high = _mm512_and_si512(_mm512_srlv_epi32(h, shift[i]), three);
-            const __m512i q = _mm512_or_si512(n[i], _mm512_slli_epi32(high, 4));
-            sink(kk, i, _mm512_fmadd_ps(dl[i], _mm512_cvtepi32_ps(q), c[i]));
+            sink(kk, i,
+                 _mm512_fmadd_ps(dl[i], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q[i])), c[i]));
           }
         }
       }
