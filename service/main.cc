@@ -99,9 +99,10 @@ ABSL_FLAG(std::string, quantize, "none",
 ABSL_FLAG(
     bool, int8_activations, false,
     "CPU: multiply Q8_0, Q4_0, Q4_1, Q4_K and Q6_K weights with activations quantized to int8 per "
-    "block of 32, with integer dot products (AVX512-VNNI): faster, but the logits are no "
+    "block of 32, with integer dot products (AVX512-VNNI, else AVX2): faster, but the logits are "
+    "no "
     "longer those of the dequantized weights (docs/quality.md measures the difference). "
-    "Ignored, with a warning, on a processor without AVX512-VNNI.");
+    "Ignored, with a warning, on a processor without AVX2.");
 ABSL_FLAG(bool, cuda_graphs, Defaults().cuda_graphs,
           "CUDA: replay decode steps from CUDA graphs captured once per batch-size bucket.");
 ABSL_FLAG(int, kv_block_size, Defaults().kv_block_size, "Token positions per KV-cache block.");

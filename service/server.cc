@@ -138,7 +138,7 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
   LogF(LogLevel::kInfo, "backend: %s", b.Describe());
   if (options.int8_activations && b.name() == "cpu" && !engine::cpu::Int8DotSupported()) {
     Log(LogLevel::kWarning,
-        "--int8_activations: this processor has no AVX512-VNNI; the quantized weights multiply "
+        "--int8_activations: this processor has no AVX2; the quantized weights multiply "
         "float32 activations, exactly");
   }
   const engine::BackendCapabilities capabilities = b.capabilities();

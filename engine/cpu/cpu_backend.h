@@ -26,10 +26,10 @@ namespace coalesce::engine {
 struct CpuBackendOptions {
   KvCacheConfig kv_cache;  // block size, block count, element type
   int threads = 0;         // compute threads; 0: one per core
-  // Quantized Q8_0, Q4_0, Q4_1, Q4_K and Q6_K matrices multiply activations quantized to
-  // int8, with integer dot products (cpu/quant_int8.h): faster, but the
-  // logits are no longer the dequantized model's. Only where the processor
-  // has AVX512-VNNI (cpu::Int8DotSupported()); elsewhere ignored.
+  // Quantized Q8_0, Q4_0, Q4_1, Q4_K and Q6_K matrices multiply activations
+  // quantized to int8, with integer dot products (cpu/quant_int8.h): faster,
+  // but the logits are no longer the dequantized model's. Only where the
+  // processor has AVX2 (cpu::Int8DotSupported()); elsewhere ignored.
   bool int8_activations = false;
 };
 

@@ -29,7 +29,7 @@ int Units(const MatmulProduct& p) {
 void RunUnits(const MatmulProduct& p, const float* x, int64_t ldx, int m, int k, const Int8Rows& q,
               int u0, int u1) {
   if (p.w.int8 != nullptr) {
-    Int8MatmulGroupsAvx512(q, *p.w.int8, u0, u1, p.y, p.ldy);
+    Int8MatmulGroups(q, *p.w.int8, u0, u1, p.y, p.ldy);
   } else if (p.w.panels != nullptr) {
     (BestMatmulIsa() == MatmulIsa::kAvx512 ? QuantMatmulPanelsAvx512 : QuantMatmulPanelsAvx2)(
         x, ldx, m, *p.w.panels, u0, u1, p.y, p.ldy);

@@ -84,9 +84,25 @@ Stored Read(const Int8Matrix& w, int r, int b) {
 }  // namespace
 
 bool Int8DotSupported() {
-  static const bool supported =
-      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni");
+  static const bool supported = __builtin_cpu_supports("avx2");
   return supported;
+}
+
+Int8Isa BestInt8Isa() {
+  static const Int8Isa isa =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni")
+          ? Int8Isa::kAvx512Vnni
+          : Int8Isa::kAvx2;
+  return isa;
+}
+
+void Int8MatmulGroups(const Int8Rows& x, const Int8Matrix& w, int g0, int g1, float* y, int64_t ldy,
+                      Int8Isa isa) {
+  if (isa == Int8Isa::kAvx512Vnni) {
+    Int8MatmulGroupsAvx512(x, w, g0, g1, y, ldy);
+  } else {
+    Int8MatmulGroupsAvx2(x, w, g0, g1, y, ldy);
+  }
 }
 
 bool Int8DotType(QuantType type) {
@@ -355,7 +371,7 @@ void Int8MatmulReference(const float* x, int64_t ldx, int m, const Int8Matrix& w
 }
 
 void Int8Matmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const Int8Matrix& w, float* y,
-                int64_t ldy) {
+                int64_t ldy, Int8Isa isa) {
   if (m <= 0) return;
   // This thread's rows; the workers read them through `q` (a thread_local
   // named inside the task would be each worker's own).
@@ -365,14 +381,14 @@ void Int8Matmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const Int8
   const int groups = w.num_groups();
   const int threads = pool.size();
   if (threads == 1 || int64_t{m} * w.rows() * w.cols() < (int64_t{1} << 17)) {
-    Int8MatmulGroupsAvx512(q, w, 0, groups, y, ldy);
+    Int8MatmulGroups(q, w, 0, groups, y, ldy, isa);
     return;
   }
   const int tasks = std::min(groups, threads * 4);
   pool.ParallelFor(tasks, [&](int task, int) {
     const int g0 = static_cast<int>(int64_t{groups} * task / tasks);
     const int g1 = static_cast<int>(int64_t{groups} * (task + 1) / tasks);
-    Int8MatmulGroupsAvx512(q, w, g0, g1, y, ldy);
+    Int8MatmulGroups(q, w, g0, g1, y, ldy, isa);
   });
 }
 

@@ -1,7 +1,9 @@
 // The CPU engine's faster numerics for quantized weights (--int8_activations):
 // Q8_0, Q4_0, Q4_1, Q4_K and Q6_K weights times activations quantized to
-// int8, with integer dot products (AVX512-VNNI's vpdpbusd, four byte products
-// summed into each 32-bit lane per instruction).
+// int8, with integer dot products: AVX512-VNNI's vpdpbusd (four byte products
+// summed into each 32-bit lane per instruction) where the processor has it,
+// else AVX2's vpmaddubsw and vpmaddwd (the same sums in two), chosen at run
+// time, with the same bits.
 //
 // Each row of activations is quantized per block of 32 values as Q8_0 is:
 // dx = max|x| / 127, xq = x / dx rounded to nearest, ties to even (dividing
@@ -38,8 +40,14 @@
 
 namespace coalesce::engine::cpu {
 
-// Whether this processor runs the int8 kernels (AVX-512F and AVX512-VNNI).
+// Whether this processor runs the int8 kernels: AVX2 at least (the engine's
+// baseline, x86-64-v3).
 bool Int8DotSupported();
+
+// The int8 kernels' instruction sets; both compute the same bits.
+enum class Int8Isa { kAvx2, kAvx512Vnni };
+// AVX512-VNNI where the processor has it (and AVX-512F), else AVX2.
+Int8Isa BestInt8Isa();
 
 // Whether a type has int8 kernels: Q8_0, Q4_0, Q4_1, Q4_K and Q6_K.
 bool Int8DotType(QuantType type);
@@ -124,16 +132,22 @@ struct Int8Rows {
 void QuantizeRows(const float* x, int64_t ldx, int m, int k, Int8Rows& out);
 
 // y[i, j] = the formula above for row i of x and row j of w, i < m,
-// j < w.rows(). Int8DotSupported() must hold.
+// j < w.rows(). Int8DotSupported() must hold, and the processor must have
+// `isa`.
 //   x: [m, w.cols()] (row stride ldx)   y: [m, w.rows()] (row stride ldy)
 void Int8Matmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const Int8Matrix& w, float* y,
-                int64_t ldy);
+                int64_t ldy, Int8Isa isa = BestInt8Isa());
 
 // Int8Matmul's pieces, for running several products in one parallel loop:
 // Int8Matmul is QuantizeRows, then this over ranges of groups [g0, g1), on
-// any threads, each range once (quant_int8_avx512.cc).
+// any threads, each range once.
+void Int8MatmulGroups(const Int8Rows& x, const Int8Matrix& w, int g0, int g1, float* y, int64_t ldy,
+                      Int8Isa isa = BestInt8Isa());
+// The kernels it runs (quant_int8_avx512.cc, quant_int8_avx2.cc).
 void Int8MatmulGroupsAvx512(const Int8Rows& x, const Int8Matrix& w, int g0, int g1, float* y,
                             int64_t ldy);
+void Int8MatmulGroupsAvx2(const Int8Rows& x, const Int8Matrix& w, int g0, int g1, float* y,
+                          int64_t ldy);
 
 // The same, one element at a time in scalar code: the definition Int8Matmul
 // must equal bit for bit (the tests compare them).

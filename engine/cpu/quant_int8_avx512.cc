@@ -1,5 +1,5 @@
 // The int8 kernel (quant_int8.h), compiled with -mavx512f -mavx512vnni and
-// run only where Int8DotSupported() says the processor has both.
+// run only where BestInt8Isa() says the processor has both.
 #include <immintrin.h>
 
 #include <algorithm>

@@ -50,7 +50,7 @@ ABSL_FLAG(int, threads, 0, "Threads; 0: one per core.");
 ABSL_FLAG(
     bool, int8, true,
     "Also time Q8_0, Q4_0, Q4_1, Q4_K and Q6_K with int8 activations (--int8_activations; rows "
-    "TYPE/i8), where the processor has AVX512-VNNI.");
+    "TYPE/i8), with AVX512-VNNI where the processor has it, else AVX2.");
 
 namespace coalesce {
 namespace {

@@ -687,7 +687,7 @@ TEST(GgufModelTest, KeptQuantizedMatricesGiveTheDequantizedModelsLogits) {
 // matrices, the only quantized ones of this file: their int8 kernels run
 // (the logits move off the dequantized model's) and stay close to it.
 TEST(GgufModelTest, Int8ActivationsRunTheKQuantsKernels) {
-  if (!cpu::Int8DotSupported()) GTEST_SKIP() << "this processor has no AVX512-VNNI: not run";
+  if (!cpu::Int8DotSupported()) GTEST_SKIP() << "this processor has no AVX2: not run";
   std::mt19937 rng(11);
   GgufSpec spec = ModelFile(Arch::kLlama, RandomWeights(Arch::kLlama, false, 11));
   for (const auto& [name, type] :

@@ -1,0 +1,169 @@
+// The int8 kernel (quant_int8.h) for processors without AVX512-VNNI: AVX2
+// (the engine's baseline, x86-64-v3). A 16-row group runs as two halves of
+// 8 rows, one 32-bit lane each. vpmaddubsw multiplies unsigned weight bytes by
+// signed activation bytes and adds pairs into 16 bits, and vpmaddwd adds the
+// pairs into the lane: vpdpbusd's sum of four, in two instructions. The
+// pairs never saturate: the 4- and 6-bit integers stay below 64, and Q8_0's
+// signed weights go in as |q| (at most 128) against x with q's sign, so a
+// pair is at most 2 * 128 * 127. The integer sums are exact, so the results
+// are the AVX-512 kernel's, bit for bit.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "engine/cpu/quant_int8.h"
+
+namespace coalesce::engine::cpu {
+namespace {
+
+constexpr int64_t kAhead = 4096;  // as the AVX-512 kernel's prefetch
+
+inline __m256 Halves(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256 Unsigned8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m256i Signed8(const uint8_t* p) {
+  return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256i Load(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+// acc + the sums of four products of unsigned `weights` and signed x bytes
+// per lane (no pair above 32767: above).
+inline __m256i Dot(__m256i acc, __m256i weights, __m256i x) {
+  return _mm256_add_epi32(
+      acc, _mm256_madd_epi16(_mm256_maddubs_epi16(weights, x), _mm256_set1_epi16(1)));
+}
+
+// Half h (rows 8h .. 8h + 7) of one block of a group: as the AVX-512
+// kernel's Block, on 8 lanes.
+template <QuantType kType>
+inline __m256 HalfBlock(const uint8_t* blk, const uint8_t* header, int h, const int32_t quad[8],
+                        float dx, int32_t sx, int32_t s1, __m256 total) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const int lanes = 32 * h;  // this half's bytes in each 64-byte quad
+  const __m256 dxv = _mm256_set1_ps(dx);
+  if constexpr (kType == QuantType::kQ8_0) {
+    __m256i dots[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int q = 0; q < 8; ++q) {
+      // Stored as q + 128: back to q, then |q| against x with q's sign.
+      const __m256i w = _mm256_xor_si256(Load(blk + 32 + 64 * q + lanes), _mm256_set1_epi8(-128));
+      dots[q % 2] =
+          Dot(dots[q % 2], _mm256_abs_epi8(w), _mm256_sign_epi8(_mm256_set1_epi32(quad[q]), w));
+    }
+    const __m256i dot = _mm256_add_epi32(dots[0], dots[1]);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(Halves(blk + 16 * h), dxv),
+                           total);
+  } else if constexpr (kType == QuantType::kQ6_K) {
+    const __m256i high = _mm256_set1_epi8(0x30);
+    const __m256i hb[2] = {Load(blk + 288 + lanes), Load(blk + 352 + lanes)};
+    const __m256i first_high[4] = {_mm256_and_si256(_mm256_slli_epi32(hb[0], 4), high),
+                                   _mm256_and_si256(_mm256_slli_epi32(hb[0], 2), high),
+                                   _mm256_and_si256(_mm256_slli_epi32(hb[1], 4), high),
+                                   _mm256_and_si256(_mm256_slli_epi32(hb[1], 2), high)};
+    const __m256i second_high[4] = {
+        _mm256_and_si256(hb[0], high), _mm256_and_si256(_mm256_srli_epi32(hb[0], 2), high),
+        _mm256_and_si256(hb[1], high), _mm256_and_si256(_mm256_srli_epi32(hb[1], 2), high)};
+    __m256i first = _mm256_setzero_si256(), second = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      const __m256i v = Load(blk + 32 + 64 * j + lanes);
+      first = Dot(first, _mm256_or_si256(_mm256_and_si256(v, low), first_high[j]),
+                  _mm256_set1_epi32(quad[j]));
+      second = Dot(second,
+                   _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v, 4), low), second_high[j]),
+                   _mm256_set1_epi32(quad[j + 4]));
+    }
+    const __m256i i1 = _mm256_sub_epi32(first, _mm256_set1_epi32(32 * s1));
+    const __m256i i2 = _mm256_sub_epi32(second, _mm256_set1_epi32(32 * (sx - s1)));
+    const __m256i dot = _mm256_add_epi32(_mm256_mullo_epi32(Signed8(blk + 8 * h), i1),
+                                         _mm256_mullo_epi32(Signed8(blk + 16 + 8 * h), i2));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(Halves(header + 16 * h), dxv),
+                           total);
+  } else {
+    const uint8_t* n = blk + (kType == QuantType::kQ4_1 ? 64 : 32) + lanes;
+    __m256i dots[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int q = 0; q < 4; ++q) {
+      const __m256i v = Load(n + 64 * q);
+      dots[0] = Dot(dots[0], _mm256_and_si256(v, low), _mm256_set1_epi32(quad[q]));
+      dots[1] = Dot(dots[1], _mm256_and_si256(_mm256_srli_epi32(v, 4), low),
+                    _mm256_set1_epi32(quad[q + 4]));
+    }
+    __m256i dot = _mm256_add_epi32(dots[0], dots[1]);
+    if constexpr (kType == QuantType::kQ4_0) {
+      dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * sx));
+    }
+    if constexpr (kType == QuantType::kQ4_K) {
+      const __m256 dl = _mm256_mul_ps(Halves(header + 16 * h), Unsigned8(blk + 8 * h));
+      const __m256 ml = _mm256_mul_ps(Halves(header + 32 + 16 * h), Unsigned8(blk + 16 + 8 * h));
+      total = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dl, dxv), total);
+      return _mm256_fmadd_ps(ml, _mm256_set1_ps(-(dx * static_cast<float>(sx))), total);
+    } else {
+      total =
+          _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(Halves(blk + 16 * h), dxv), total);
+      if constexpr (kType == QuantType::kQ4_1) {
+        total = _mm256_fmadd_ps(Halves(blk + 32 + 16 * h),
+                                _mm256_set1_ps(dx * static_cast<float>(sx)), total);
+      }
+      return total;
+    }
+  }
+}
+
+template <QuantType kType>
+void Groups(const Int8Rows& x, const Int8Matrix& w, int g0, int g1, float* y, int64_t ldy) {
+  const int blocks = w.cols() / 32, per_header = w.blocks_per_header();
+  for (int g = g0; g < g1; ++g) {
+    const int j = g * kInt8GroupRows, rows = std::min(kInt8GroupRows, w.rows() - j);
+    for (int i = 0; i < x.rows; ++i) {
+      const size_t first = static_cast<size_t>(i) * blocks;
+      const int8_t* xq = x.xq.get() + first * 32;
+      const float* dx = x.scale.get() + first;
+      const int32_t* sx = x.sum.get() + first;
+      const int32_t* s1 = x.first_sum.get() + first;
+      __m256 total[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+      for (int b0 = 0; b0 < blocks; b0 += per_header) {
+        const uint8_t* header = w.header(g, b0);
+        const uint8_t* blk = header + w.header_bytes();
+        for (int b = b0; b < b0 + per_header; ++b, blk += w.block_bytes()) {
+          for (int64_t line = 0; line < w.block_bytes(); line += 64) {
+            _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead + line), _MM_HINT_T0);
+          }
+          int32_t quad[8];
+          std::memcpy(quad, xq + b * 32, 32);
+          for (int h = 0; h < 2; ++h) {
+            total[h] = HalfBlock<kType>(blk, header, h, quad, dx[b], sx[b], s1[b], total[h]);
+          }
+        }
+      }
+      alignas(32) float out[kInt8GroupRows];
+      _mm256_store_ps(out, total[0]);
+      _mm256_store_ps(out + 8, total[1]);
+      std::copy_n(out, rows, y + i * ldy + j);
+    }
+  }
+}
+
+}  // namespace
+
+void Int8MatmulGroupsAvx2(const Int8Rows& x, const Int8Matrix& w, int g0, int g1, float* y,
+                          int64_t ldy) {
+  switch (w.type()) {
+    case QuantType::kQ8_0:
+      return Groups<QuantType::kQ8_0>(x, w, g0, g1, y, ldy);
+    case QuantType::kQ4_0:
+      return Groups<QuantType::kQ4_0>(x, w, g0, g1, y, ldy);
+    case QuantType::kQ4_1:
+      return Groups<QuantType::kQ4_1>(x, w, g0, g1, y, ldy);
+    case QuantType::kQ4_K:
+      return Groups<QuantType::kQ4_K>(x, w, g0, g1, y, ldy);
+    case QuantType::kQ6_K:
+      return Groups<QuantType::kQ6_K>(x, w, g0, g1, y, ldy);
+  }
+}
+
+}  // namespace coalesce::engine::cpu
