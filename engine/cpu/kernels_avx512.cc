@@ -185,11 +185,15 @@ void MatmulTokensAvx512(const float* xt, int64_t ldxt, int m, const float* w, in
 }
 
 void MatvecAvx512(const float* x, const float* w, int n, int j0, int j1, int k, float* y) {
-  // How far ahead of the values in use each row is prefetched (floats).
-  constexpr int kAhead = 512;
   for (int j = j0; j < j1; j += 16) {
     const int rows = std::min(16, n - j);
     const float* first = w + int64_t{j} * k;
+    // The next 16 rows (the 16 k floats after these) are asked for as
+    // these are read, the same columns of each: a run of 16 k floats ahead.
+    // This thread's reads skip across 16 rows, and the next block is what
+    // comes next in memory; prefetching each row's own continuation instead
+    // (2 KiB ahead) read about 25% slower.
+    const int ahead = std::min(16, n - j - 16);  // rows of the next block
     __m512 acc = _mm512_setzero_ps();
     for (int k0 = 0; k0 < k; k0 += 16) {
       const int nk = std::min(16, k - k0);
@@ -198,8 +202,9 @@ void MatvecAvx512(const float* x, const float* w, int n, int j0, int j1, int k, 
       for (int i = 0; i < 16; ++i) {
         if (i < rows) {
           const float* row = first + int64_t{i} * k + k0;
-          if (k0 + kAhead < k)
-            _mm_prefetch(reinterpret_cast<const char*>(row + kAhead), _MM_HINT_T0);
+          if (i < ahead) {
+            _mm_prefetch(reinterpret_cast<const char*>(row + 16 * int64_t{k}), _MM_HINT_T1);
+          }
           r[i] = _mm512_maskz_loadu_ps(kmask, row);
         } else {
           r[i] = _mm512_setzero_ps();
