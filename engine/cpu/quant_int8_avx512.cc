@@ -33,24 +33,24 @@ inline __m512i AndOr(__m512i a, __m512i b, __m512i c) {
   return _mm512_ternarylogic_epi32(a, b, c, 0xEA);
 }
 
-// One block (32 columns) of 16 rows against one quantized activation block:
-// adds its terms (quant_int8.h) to `total`. Two or four independent integer
-// sums (a chain of vpdpbusd would wait on each one's latency), added at the
-// end: integers, so exact.
+// One block (32 columns) of a group's 16 rows, unpacked for vpdpbusd:
+// w[q] meets activation quad q (columns 4q .. 4q + 3, as bytes), and the
+// block's scales, once for every row of activations that meets it.
 template <QuantType kType>
-inline __m512 Block(const uint8_t* blk, const uint8_t* header, const int32_t quad[8], float dx,
-                    int32_t sx, int32_t s1, __m512 total) {
+struct Unpacked {
+  __m512i w[8];
+  __m512 d;       // d; Q4_K's d sc
+  __m512 m;       // Q4_1's m; Q4_K's dmin mn
+  __m512i sc[2];  // Q6_K's scales of columns 0-15 and 16-31
+};
+
+template <QuantType kType>
+inline Unpacked<kType> Unpack(const uint8_t* blk, const uint8_t* header) {
+  Unpacked<kType> u;
   const __m512i low = _mm512_set1_epi32(0x0F0F0F0F);
   if constexpr (kType == QuantType::kQ8_0) {
-    __m512i dots[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
-                       _mm512_setzero_si512()};
-    for (int q = 0; q < 8; ++q) dots[q % 4] = Dot(dots[q % 4], Load(blk + 32 + 64 * q), quad[q]);
-    // The weights were stored as q + 128.
-    const __m512i dot = _mm512_sub_epi32(
-        _mm512_add_epi32(_mm512_add_epi32(dots[0], dots[1]), _mm512_add_epi32(dots[2], dots[3])),
-        _mm512_set1_epi32(128 * sx));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(Halves(blk), _mm512_set1_ps(dx)),
-                           total);
+    for (int q = 0; q < 8; ++q) u.w[q] = Load(blk + 32 + 64 * q);  // q + 128
+    u.d = Halves(blk);
   } else if constexpr (kType == QuantType::kQ6_K) {
     const __m512i high = _mm512_set1_epi32(0x30303030);
     const __m512i h[2] = {Load(blk + 288), Load(blk + 352)};
@@ -63,86 +63,118 @@ inline __m512 Block(const uint8_t* blk, const uint8_t* header, const int32_t qua
     const __m512i second_high[4] = {
         _mm512_and_si512(h[0], high), _mm512_and_si512(_mm512_srli_epi32(h[0], 2), high),
         _mm512_and_si512(h[1], high), _mm512_and_si512(_mm512_srli_epi32(h[1], 2), high)};
+    for (int j = 0; j < 4; ++j) {
+      const __m512i v = Load(blk + 32 + 64 * j);
+      u.w[j] = AndOr(v, low, first_high[j]);
+      u.w[j + 4] = AndOr(_mm512_srli_epi32(v, 4), low, second_high[j]);
+    }
+    u.sc[0] = Signed16(blk);
+    u.sc[1] = Signed16(blk + 16);
+    u.d = Halves(header);
+  } else {
+    // Q4_0, Q4_1, Q4_K: nibbles, byte c of quad q holding columns 4q + c
+    // (low) and 4q + 16 + c (high).
+    const uint8_t* n = blk + (kType == QuantType::kQ4_1 ? 64 : 32);
+    for (int q = 0; q < 4; ++q) {
+      const __m512i v = Load(n + 64 * q);
+      u.w[q] = _mm512_and_si512(v, low);
+      u.w[q + 4] = _mm512_and_si512(_mm512_srli_epi32(v, 4), low);
+    }
+    if constexpr (kType == QuantType::kQ4_K) {
+      u.d = _mm512_mul_ps(Halves(header), Unsigned16(blk));
+      u.m = _mm512_mul_ps(Halves(header + 32), Unsigned16(blk + 16));
+    } else {
+      u.d = Halves(blk);
+      if constexpr (kType == QuantType::kQ4_1) u.m = Halves(blk + 32);
+    }
+  }
+  return u;
+}
+
+// An unpacked block against one quantized activation block: adds its terms
+// (quant_int8.h) to `total`. Independent integer sums (a chain of vpdpbusd
+// would wait on each one's latency), added at the end: integers, so exact.
+template <QuantType kType>
+inline __m512 Apply(const Unpacked<kType>& u, const int32_t quad[8], float dx, int32_t sx,
+                    int32_t s1, __m512 total) {
+  const __m512 dxv = _mm512_set1_ps(dx);
+  if constexpr (kType == QuantType::kQ6_K) {
     __m512i first[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
     __m512i second[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
     for (int j = 0; j < 4; ++j) {
-      const __m512i v = Load(blk + 32 + 64 * j);
-      first[j % 2] = Dot(first[j % 2], AndOr(v, low, first_high[j]), quad[j]);
-      second[j % 2] =
-          Dot(second[j % 2], AndOr(_mm512_srli_epi32(v, 4), low, second_high[j]), quad[j + 4]);
+      first[j % 2] = Dot(first[j % 2], u.w[j], quad[j]);
+      second[j % 2] = Dot(second[j % 2], u.w[j + 4], quad[j + 4]);
     }
     const __m512i i1 =
         _mm512_sub_epi32(_mm512_add_epi32(first[0], first[1]), _mm512_set1_epi32(32 * s1));
     const __m512i i2 =
         _mm512_sub_epi32(_mm512_add_epi32(second[0], second[1]), _mm512_set1_epi32(32 * (sx - s1)));
-    const __m512i dot = _mm512_add_epi32(_mm512_mullo_epi32(Signed16(blk), i1),
-                                         _mm512_mullo_epi32(Signed16(blk + 16), i2));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
-                           _mm512_mul_ps(Halves(header), _mm512_set1_ps(dx)), total);
+    const __m512i dot =
+        _mm512_add_epi32(_mm512_mullo_epi32(u.sc[0], i1), _mm512_mullo_epi32(u.sc[1], i2));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(u.d, dxv), total);
   } else {
-    // Q4_0, Q4_1, Q4_K: nibbles, byte c of quad q holding columns 4q + c
-    // (low) and 4q + 16 + c (high).
-    const uint8_t* n = blk + (kType == QuantType::kQ4_1 ? 64 : 32);
     __m512i dots[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
                        _mm512_setzero_si512()};
-    for (int q = 0; q < 4; ++q) {
-      const __m512i v = Load(n + 64 * q);
-      const int a = (q % 2) * 2;
-      dots[a] = Dot(dots[a], _mm512_and_si512(v, low), quad[q]);
-      dots[a + 1] = Dot(dots[a + 1], _mm512_and_si512(_mm512_srli_epi32(v, 4), low), quad[q + 4]);
-    }
+    for (int q = 0; q < 8; ++q) dots[q % 4] = Dot(dots[q % 4], u.w[q], quad[q]);
     __m512i dot =
         _mm512_add_epi32(_mm512_add_epi32(dots[0], dots[1]), _mm512_add_epi32(dots[2], dots[3]));
-    if constexpr (kType == QuantType::kQ4_0) {
+    if constexpr (kType == QuantType::kQ8_0) {
+      dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * sx));  // stored as q + 128
+    } else if constexpr (kType == QuantType::kQ4_0) {
       dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(8 * sx));  // q for q - 8
     }
-    const __m512 dxv = _mm512_set1_ps(dx);
-    if constexpr (kType == QuantType::kQ4_K) {
-      const __m512 dl = _mm512_mul_ps(Halves(header), Unsigned16(blk));
-      const __m512 ml = _mm512_mul_ps(Halves(header + 32), Unsigned16(blk + 16));
-      total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dl, dxv), total);
-      return _mm512_fmadd_ps(ml, _mm512_set1_ps(-(dx * static_cast<float>(sx))), total);
-    } else {
-      total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(Halves(blk), dxv), total);
-      if constexpr (kType == QuantType::kQ4_1) {
-        total =
-            _mm512_fmadd_ps(Halves(blk + 32), _mm512_set1_ps(dx * static_cast<float>(sx)), total);
-      }
-      return total;
+    total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(u.d, dxv), total);
+    if constexpr (kType == QuantType::kQ4_1) {
+      total = _mm512_fmadd_ps(u.m, _mm512_set1_ps(dx * static_cast<float>(sx)), total);
+    } else if constexpr (kType == QuantType::kQ4_K) {
+      total = _mm512_fmadd_ps(u.m, _mm512_set1_ps(-(dx * static_cast<float>(sx))), total);
     }
+    return total;
   }
 }
 
+// Group g against rows [i0, i0 + kTile) of x: each block unpacked once for
+// all kTile rows.
+template <QuantType kType, int kTile>
+void GroupRows(const Int8Rows& x, const Int8Matrix& w, int g, int i0, float* y, int64_t ldy) {
+  const int blocks = w.cols() / 32, per_header = w.blocks_per_header();
+  __m512 total[kTile];
+  for (int t = 0; t < kTile; ++t) total[t] = _mm512_setzero_ps();
+  for (int b0 = 0; b0 < blocks; b0 += per_header) {
+    const uint8_t* header = w.header(g, b0);
+    const uint8_t* blk = header + w.header_bytes();
+    for (int b = b0; b < b0 + per_header; ++b, blk += w.block_bytes()) {
+      // The bytes kAhead on, asked for now: a core keeps few misses of one
+      // sequential stream in flight, and memory delivers more.
+      for (int64_t line = 0; line < w.block_bytes(); line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead + line), _MM_HINT_T0);
+      }
+      const Unpacked<kType> u = Unpack<kType>(blk, header);
+      for (int t = 0; t < kTile; ++t) {
+        const size_t at = static_cast<size_t>(i0 + t) * blocks + b;
+        int32_t quad[8];
+        std::memcpy(quad, x.xq.get() + at * 32, 32);
+        total[t] = Apply<kType>(u, quad, x.scale[at], x.sum[at], x.first_sum[at], total[t]);
+      }
+    }
+  }
+  const int j = g * kInt8GroupRows, rows = std::min(kInt8GroupRows, w.rows() - j);
+  for (int t = 0; t < kTile; ++t) {
+    alignas(64) float out[kInt8GroupRows];
+    _mm512_store_ps(out, total[t]);
+    std::copy_n(out, rows, y + (i0 + t) * ldy + j);
+  }
+}
+
+// Rows of activations that meet each unpacked block together.
+constexpr int kRowTile = 4;
+
 template <QuantType kType>
 void Groups(const Int8Rows& x, const Int8Matrix& w, int g0, int g1, float* y, int64_t ldy) {
-  const int blocks = w.cols() / 32, per_header = w.blocks_per_header();
   for (int g = g0; g < g1; ++g) {
-    const int j = g * kInt8GroupRows, rows = std::min(kInt8GroupRows, w.rows() - j);
-    for (int i = 0; i < x.rows; ++i) {
-      const size_t first = static_cast<size_t>(i) * blocks;
-      const int8_t* xq = x.xq.get() + first * 32;
-      const float* dx = x.scale.get() + first;
-      const int32_t* sx = x.sum.get() + first;
-      const int32_t* s1 = x.first_sum.get() + first;
-      __m512 total = _mm512_setzero_ps();
-      for (int b0 = 0; b0 < blocks; b0 += per_header) {
-        const uint8_t* header = w.header(g, b0);
-        const uint8_t* blk = header + w.header_bytes();
-        for (int b = b0; b < b0 + per_header; ++b, blk += w.block_bytes()) {
-          // The bytes kAhead on, asked for now: a core keeps few misses of
-          // one sequential stream in flight, and memory delivers more.
-          for (int64_t line = 0; line < w.block_bytes(); line += 64) {
-            _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead + line), _MM_HINT_T0);
-          }
-          int32_t quad[8];
-          std::memcpy(quad, xq + b * 32, 32);
-          total = Block<kType>(blk, header, quad, dx[b], sx[b], s1[b], total);
-        }
-      }
-      alignas(64) float out[kInt8GroupRows];
-      _mm512_store_ps(out, total);
-      std::copy_n(out, rows, y + i * ldy + j);
-    }
+    int i = 0;
+    for (; i + kRowTile <= x.rows; i += kRowTile) GroupRows<kType, kRowTile>(x, w, g, i, y, ldy);
+    for (; i < x.rows; ++i) GroupRows<kType, 1>(x, w, g, i, y, ldy);
   }
 }
 
