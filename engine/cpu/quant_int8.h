@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 
 #include "absl/status/statusor.h"
 #include "engine/cpu/thread_pool.h"
@@ -143,7 +144,24 @@ void Int8Matmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const Int8
 // any threads, each range once.
 void Int8MatmulGroups(const Int8Rows& x, const Int8Matrix& w, int g0, int g1, float* y, int64_t ldy,
                       Int8Isa isa = BestInt8Isa());
-// The kernels it runs (quant_int8_avx512.cc, quant_int8_avx2.cc).
+// The kernels it runs (quant_int8_avx512.cc, quant_int8_avx2.cc), each one
+// instantiation per type: ForInt8Type calls fn(std::integral_constant<
+// QuantType, T>()) for T = type.
+template <typename Fn>
+void ForInt8Type(QuantType type, Fn&& fn) {
+  switch (type) {
+    case QuantType::kQ8_0:
+      return fn(std::integral_constant<QuantType, QuantType::kQ8_0>());
+    case QuantType::kQ4_0:
+      return fn(std::integral_constant<QuantType, QuantType::kQ4_0>());
+    case QuantType::kQ4_1:
+      return fn(std::integral_constant<QuantType, QuantType::kQ4_1>());
+    case QuantType::kQ4_K:
+      return fn(std::integral_constant<QuantType, QuantType::kQ4_K>());
+    case QuantType::kQ6_K:
+      return fn(std::integral_constant<QuantType, QuantType::kQ6_K>());
+  }
+}
 void Int8MatmulGroupsAvx512(const Int8Rows& x, const Int8Matrix& w, int g0, int g1, float* y,
                             int64_t ldy);
 void Int8MatmulGroupsAvx2(const Int8Rows& x, const Int8Matrix& w, int g0, int g1, float* y,

@@ -152,18 +152,7 @@ void Groups(const Int8Rows& x, const Int8Matrix& w, int g0, int g1, float* y, in
 
 void Int8MatmulGroupsAvx2(const Int8Rows& x, const Int8Matrix& w, int g0, int g1, float* y,
                           int64_t ldy) {
-  switch (w.type()) {
-    case QuantType::kQ8_0:
-      return Groups<QuantType::kQ8_0>(x, w, g0, g1, y, ldy);
-    case QuantType::kQ4_0:
-      return Groups<QuantType::kQ4_0>(x, w, g0, g1, y, ldy);
-    case QuantType::kQ4_1:
-      return Groups<QuantType::kQ4_1>(x, w, g0, g1, y, ldy);
-    case QuantType::kQ4_K:
-      return Groups<QuantType::kQ4_K>(x, w, g0, g1, y, ldy);
-    case QuantType::kQ6_K:
-      return Groups<QuantType::kQ6_K>(x, w, g0, g1, y, ldy);
-  }
+  ForInt8Type(w.type(), [&](auto type) { Groups<decltype(type)::value>(x, w, g0, g1, y, ldy); });
 }
 
 }  // namespace coalesce::engine::cpu

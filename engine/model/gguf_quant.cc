@@ -485,4 +485,20 @@ absl::Status DequantizeToFloat(GgmlType type, const void* src, int64_t n, float*
   return absl::InternalError(absl::StrCat("no dequantizer for ", info->name));
 }
 
+GgmlType GgmlTypeOf(QuantType type) {
+  switch (type) {
+    case QuantType::kQ8_0:
+      return GgmlType::kQ8_0;
+    case QuantType::kQ4_0:
+      return GgmlType::kQ4_0;
+    case QuantType::kQ4_1:
+      return GgmlType::kQ4_1;
+    case QuantType::kQ4_K:
+      return GgmlType::kQ4_K;
+    case QuantType::kQ6_K:
+      return GgmlType::kQ6_K;
+  }
+  return GgmlType::kF32;
+}
+
 }  // namespace coalesce::engine

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/model.h"
 
 namespace coalesce::engine {
 
@@ -96,6 +97,10 @@ absl::StatusOr<int64_t> GgmlRowBytes(GgmlType type, int64_t n);
 // multiply-add). Errors: UNIMPLEMENTED for a type that cannot be dequantized
 // (named), INVALID_ARGUMENT for a bad n.
 absl::Status DequantizeToFloat(GgmlType type, const void* src, int64_t n, float* dst);
+
+// The ggml type whose blocks a quantized matrix of the engine holds
+// (model.h's QuantType: the same layout, byte for byte).
+GgmlType GgmlTypeOf(QuantType type);
 
 // The float32 value of an IEEE binary16 (exact; NaN payloads kept).
 float HalfToFloat(uint16_t h);

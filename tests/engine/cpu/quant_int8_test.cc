@@ -30,22 +30,6 @@ namespace {
 constexpr QuantType kTypes[] = {QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ4_1,
                                 QuantType::kQ4_K, QuantType::kQ6_K};
 
-GgmlType GgmlOf(QuantType type) {
-  switch (type) {
-    case QuantType::kQ8_0:
-      return GgmlType::kQ8_0;
-    case QuantType::kQ4_0:
-      return GgmlType::kQ4_0;
-    case QuantType::kQ4_1:
-      return GgmlType::kQ4_1;
-    case QuantType::kQ4_K:
-      return GgmlType::kQ4_K;
-    case QuantType::kQ6_K:
-      return GgmlType::kQ6_K;
-  }
-  return GgmlType::kF32;
-}
-
 // Columns for a type: `cols` rounded up to its blocks (256 for the K types).
 int ColsFor(QuantType type, int cols) {
   const int block = QuantBlockSize(type);
@@ -107,7 +91,7 @@ TEST_F(Int8Test, EveryRowDequantizesAsTheFileDoes) {
     const int64_t rows = 37, cols = ColsFor(type, 96);
     const std::vector<uint8_t> data = RandomBlocks(type, rows, cols, 1);
     std::vector<float> want(static_cast<size_t>(rows * cols));
-    ASSERT_TRUE(DequantizeToFloat(GgmlOf(type), data.data(), rows * cols, want.data()).ok());
+    ASSERT_TRUE(DequantizeToFloat(GgmlTypeOf(type), data.data(), rows * cols, want.data()).ok());
     auto packed = Int8Matrix::Pack({.type = type, .rows = rows, .cols = cols, .data = data.data()});
     ASSERT_TRUE(packed.ok()) << packed.status();
     std::vector<float> row(static_cast<size_t>(cols));
@@ -147,7 +131,7 @@ TEST_F(Int8Test, TheKernelEqualsItsDefinitionAndStaysNearTheFloatProduct) {
           // rounding (half a step of max|x| / 127 per block) bounds the error.
           std::vector<float> w(static_cast<size_t>(s.rows) * s.cols), exact(want.size(), -7.0f);
           ASSERT_TRUE(
-              DequantizeToFloat(GgmlOf(type), data.data(), int64_t{s.rows} * s.cols, w.data())
+              DequantizeToFloat(GgmlTypeOf(type), data.data(), int64_t{s.rows} * s.cols, w.data())
                   .ok());
           MatmulReference(x.data(), ldx, s.m, w.data(), s.rows, s.cols, exact.data(), ldy);
           for (int i = 0; i < s.m; ++i) {

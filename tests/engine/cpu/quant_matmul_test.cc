@@ -28,22 +28,6 @@ namespace {
 constexpr QuantType kTypes[] = {QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ4_1,
                                 QuantType::kQ4_K, QuantType::kQ6_K};
 
-GgmlType GgmlOf(QuantType type) {
-  switch (type) {
-    case QuantType::kQ8_0:
-      return GgmlType::kQ8_0;
-    case QuantType::kQ4_0:
-      return GgmlType::kQ4_0;
-    case QuantType::kQ4_1:
-      return GgmlType::kQ4_1;
-    case QuantType::kQ4_K:
-      return GgmlType::kQ4_K;
-    case QuantType::kQ6_K:
-      return GgmlType::kQ6_K;
-  }
-  return GgmlType::kF32;
-}
-
 void PutHalf(uint8_t* p, float value) {
   const uint16_t bits = ToFp16(value).bits;
   p[0] = static_cast<uint8_t>(bits);
@@ -81,7 +65,7 @@ std::vector<uint8_t> RandomBlocks(QuantType type, int64_t rows, int64_t cols, ui
 
 std::vector<float> Dequantized(QuantType type, const std::vector<uint8_t>& data, int64_t n) {
   std::vector<float> out(static_cast<size_t>(n));
-  EXPECT_TRUE(DequantizeToFloat(GgmlOf(type), data.data(), n, out.data()).ok());
+  EXPECT_TRUE(DequantizeToFloat(GgmlTypeOf(type), data.data(), n, out.data()).ok());
   return out;
 }
 
