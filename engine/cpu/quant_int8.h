@@ -60,8 +60,8 @@ inline constexpr int kInt8GroupRows = 16;
 // last padded with zero weights) by the type's own blocks of columns (32, or
 // 256 for Q4_K and Q6_K), each a header and then its 32-column blocks.
 // Per group (little-endian, f16 scales as in the file):
-//   Q8_0  block: d[16], w[8][16][4] u8: q + 128 (the kernel subtracts
-//         128 S)                                                       544 bytes
+//   Q8_0  block: d[16], w[8][16][4] u8: q + 128 (the AVX-512 kernel
+//         subtracts 128 S; AVX2's turns it back into q)                544 bytes
 //   Q4_0  block: d[16], n[4][16][4]: byte c of lane r in quad j holds
 //         columns 4j + c (low nibble) and 4j + 16 + c (high nibble) of
 //         row r                                                        288
