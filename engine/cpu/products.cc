@@ -1,10 +1,13 @@
 #include "engine/cpu/products.h"
 
 #include <algorithm>
-#include <vector>
+#include <array>
 
 namespace coalesce::engine::cpu {
 namespace {
+
+// Products one loop takes; more run one after another.
+constexpr size_t kMaxTogether = 8;
 
 // The product alone, as its own kernel's entry point runs it.
 void Alone(ThreadPool& pool, const MatmulProduct& p, const float* x, int64_t ldx, int m, int k) {
@@ -53,8 +56,8 @@ void MatmulTogether(ThreadPool& pool, std::span<const MatmulProduct> products, c
   // Alone where there is one, where the products are too small to split
   // (the kernels' own thresholds: a handoff costs more than it saves), or
   // where X must be prepared first (Matmul across many rows).
-  if (products.size() < 2 || threads == 1 || m <= 0 || k <= 0 || work < (int64_t{1} << 17) ||
-      !MatmulSplitsRows(m)) {
+  if (products.size() < 2 || products.size() > kMaxTogether || threads == 1 || m <= 0 || k <= 0 ||
+      work < (int64_t{1} << 17) || !MatmulSplitsRows(m)) {
     for (const MatmulProduct& p : products) Alone(pool, p, x, ldx, m, k);
     return;
   }
@@ -64,18 +67,17 @@ void MatmulTogether(ThreadPool& pool, std::span<const MatmulProduct> products, c
   struct Piece {
     int units, tasks, first;
   };
-  std::vector<Piece> pieces;
-  pieces.reserve(products.size());
+  std::array<Piece, kMaxTogether> pieces;  // no allocation in a decode step
   int total = 0;
-  for (const MatmulProduct& p : products) {
-    const int units = Units(p);
+  for (size_t i = 0; i < products.size(); ++i) {
+    const int units = Units(products[i]);
     const int tasks = std::min(units, threads * 4);
-    pieces.push_back({units, tasks, total});
+    pieces[i] = {units, tasks, total};
     total += tasks;
   }
   pool.ParallelFor(total, [&](int task, int) {
     size_t i = 0;
-    while (i + 1 < pieces.size() && task >= pieces[i + 1].first) ++i;
+    while (i + 1 < products.size() && task >= pieces[i + 1].first) ++i;
     const Piece& piece = pieces[i];
     const int t = task - piece.first;
     RunUnits(products[i], x, ldx, m, k, int8_rows,

@@ -33,8 +33,9 @@ struct MatmulProduct {
 };
 
 // y = x W^T for each product, x [m, k] (row stride ldx). `int8_rows` is the
-// caller's scratch for x quantized (int8 weights only). One caller of `pool`
-// at a time, as ever.
+// caller's scratch for x quantized (int8 weights only). Up to 8 products
+// share a loop (more run one after another). One caller of `pool` at a
+// time, as ever.
 void MatmulTogether(ThreadPool& pool, std::span<const MatmulProduct> products, const float* x,
                     int64_t ldx, int m, int k, Int8Rows& int8_rows);
 

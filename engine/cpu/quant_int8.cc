@@ -31,6 +31,16 @@ int NibbleOffset(QuantType type) { return type == QuantType::kQ4_1 ? 64 : 32; }
 // Byte of a lane's column k (< 16) in a run of quads of 64 bytes.
 int QuadByte(int lane, int k) { return (k / 4) * 64 + lane * 4 + k % 4; }
 
+// Where a Q6_K lane keeps column k's two high bits: the byte of the block
+// (h[t] from 288 on) and the bit they start at (quant_int8.h).
+struct HighBits {
+  int byte, bit;
+};
+HighBits Q6HighBits(int lane, int k) {
+  const int within = k % 16;
+  return {288 + (within / 8) * 64 + lane * 4 + within % 4, 2 * (within % 8 / 4) + (k < 16 ? 0 : 4)};
+}
+
 // Row r's block b as stored: its 32 integers and its scales.
 struct Stored {
   int q[32] = {};  // Q8_0's signed; the others' unsigned, as in the file
@@ -53,10 +63,8 @@ Stored Read(const Int8Matrix& w, int r, int b) {
     const uint8_t byte = blk[NibbleOffset(type) + QuadByte(lane, k % 16)];
     out.q[k] = k < 16 ? byte & 0x0F : byte >> 4;
     if (type == QuantType::kQ6_K) {
-      // Column k's high bits: h[t] with t = (k % 16) / 8, at bit 2 (k % 8 / 4) (+ 4 past 16).
-      const int within = k % 16, bit = 2 * (within % 8 / 4) + (k < 16 ? 0 : 4);
-      const uint8_t high = blk[288 + (within / 8) * 64 + lane * 4 + within % 4];
-      out.q[k] |= ((high >> bit) & 3) << 4;
+      const HighBits h = Q6HighBits(lane, k);
+      out.q[k] |= ((blk[h.byte] >> h.bit) & 3) << 4;
     }
   }
   switch (type) {
@@ -159,8 +167,6 @@ absl::StatusOr<Int8Matrix> Int8Matrix::Pack(const QuantizedMatrix& m) {
         absl::StrCat("cannot allocate ", total, " bytes for a ", QuantTypeName(m.type), " matrix"));
   }
   std::memset(out.data_.get(), 0, alloc);
-  // Writable: the layout's own accessors, on the buffer this function owns.
-  auto at = [&out](const uint8_t* p) { return out.data_.get() + (p - out.data_.get()); };
   const int file_blocks = out.cols_ / file_block;
   const int64_t row_bytes = m.row_bytes();
   for (int r = 0; r < out.rows_; ++r) {
@@ -170,8 +176,9 @@ absl::StatusOr<Int8Matrix> Int8Matrix::Pack(const QuantizedMatrix& m) {
           DecodeQuantBlock(m.type, m.data + r * row_bytes + int64_t{fb} * QuantBlockBytes(m.type));
       for (int sub = 0; sub < out.blocks_per_header_; ++sub) {
         const int b = fb * out.blocks_per_header_ + sub;
-        uint8_t* blk = at(out.block(g, b));
-        uint8_t* header = at(out.header(g, b));
+        // Writable: the layout's own accessors, on the buffer Pack owns.
+        uint8_t* blk = const_cast<uint8_t*>(out.block(g, b));
+        uint8_t* header = const_cast<uint8_t*>(out.header(g, b));
         const uint8_t* v = q.q + 32 * sub;  // this block's 32 integers
         if (m.type == QuantType::kQ8_0) {
           Store16(blk + 2 * lane, q.d);
@@ -204,9 +211,8 @@ absl::StatusOr<Int8Matrix> Int8Matrix::Pack(const QuantizedMatrix& m) {
           uint8_t& byte = blk[NibbleOffset(m.type) + QuadByte(lane, k % 16)];
           byte = static_cast<uint8_t>(byte | (k < 16 ? v[k] & 15 : (v[k] & 15) << 4));
           if (m.type == QuantType::kQ6_K) {
-            const int within = k % 16, bit = 2 * (within % 8 / 4) + (k < 16 ? 0 : 4);
-            blk[288 + (within / 8) * 64 + lane * 4 + within % 4] |=
-                static_cast<uint8_t>((v[k] >> 4) << bit);
+            const HighBits h = Q6HighBits(lane, k);
+            blk[h.byte] |= static_cast<uint8_t>((v[k] >> 4) << h.bit);
           }
         }
       }
