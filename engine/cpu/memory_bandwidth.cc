@@ -54,37 +54,45 @@ COALESCE_NO_SANITIZE void FillOnes(float* data, size_t n) {
 
 }  // namespace
 
-double MeasureMemoryReadBandwidth(int threads, int streams) {
-  threads = std::max(threads, 1);
-  streams = std::clamp(streams, 1, 64);
-  constexpr size_t kFloats = size_t{64} << 20;  // 256 MiB: far beyond any cache
-  const std::unique_ptr<float[]> buffer(new float[kFloats]);
-  FillOnes(buffer.get(), kFloats);
-  std::vector<float> sums(threads);
-  double best = 0;
-  for (int pass = 0; pass < 5; ++pass) {
-    const auto start = std::chrono::steady_clock::now();
-    std::vector<std::thread> workers;
-    for (int t = 0; t < threads; ++t) {
-      workers.emplace_back([&, t] {
-        const size_t begin = kFloats * t / threads, end = kFloats * (t + 1) / threads;
-        sums[t] = SumFloats(buffer.get() + begin, buffer.get() + end, streams);
-      });
-    }
-    for (auto& w : workers) w.join();
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    // The bytes summed: each thread's streams, whole 64-byte steps.
-    size_t bytes = 0;
-    for (int t = 0; t < threads; ++t) {
-      const size_t floats = kFloats * (t + 1) / threads - kFloats * t / threads;
-      bytes += floats / streams / 16 * 16 * streams * sizeof(float);
-    }
-    best = std::max(best, bytes / seconds);
+MemoryReadProbe::MemoryReadProbe(int threads, int streams, size_t bytes)
+    : threads_(std::max(threads, 1)),
+      streams_(std::clamp(streams, 1, 64)),
+      floats_(std::max<size_t>(bytes / sizeof(float), 1)),
+      buffer_(new float[floats_]) {
+  FillOnes(buffer_.get(), floats_);
+}
+
+MemoryReadProbe::~MemoryReadProbe() = default;
+
+double MemoryReadProbe::Pass() {
+  std::vector<float> sums(threads_);
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads_; ++t) {
+    workers.emplace_back([&, t] {
+      const size_t begin = floats_ * t / threads_, end = floats_ * (t + 1) / threads_;
+      sums[t] = SumFloats(buffer_.get() + begin, buffer_.get() + end, streams_);
+    });
+  }
+  for (auto& w : workers) w.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // The bytes summed: each thread's streams, whole 64-byte steps.
+  size_t bytes = 0;
+  for (int t = 0; t < threads_; ++t) {
+    const size_t floats = floats_ * (t + 1) / threads_ - floats_ * t / threads_;
+    bytes += floats / streams_ / 16 * 16 * streams_ * sizeof(float);
   }
   // The sums keep the reads from being optimised away.
   volatile float sink = 0;
   for (float s : sums) sink = sink + s;
+  return bytes / std::max(seconds, 1e-9);
+}
+
+double MeasureMemoryReadBandwidth(int threads, int streams) {
+  MemoryReadProbe probe(threads, streams);
+  double best = 0;
+  for (int pass = 0; pass < 5; ++pass) best = std::max(best, probe.Pass());
   return best;
 }
 

@@ -56,6 +56,13 @@ bool Int8DotType(QuantType type);
 // Rows of a group (one per 32-bit lane of a 512-bit vector).
 inline constexpr int kInt8GroupRows = 16;
 
+// Tasks per thread that a product's groups are split into: few, because a
+// task starts its streams from memory cold (the first reads of each wait
+// for memory before the prefetches ahead of them run), yet more than one,
+// so that a thread the machine delays is made up for by the others
+// (docs/performance.md measures 2 against 4).
+inline constexpr int kInt8TasksPerThread = 2;
+
 // A quantized matrix laid out for the int8 kernels: groups of 16 rows (the
 // last padded with zero weights) by the type's own blocks of columns (32, or
 // 256 for Q4_K and Q6_K), each a header and then its 32-column blocks.

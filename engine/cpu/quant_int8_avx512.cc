@@ -135,8 +135,8 @@ inline __m512 Apply(const Unpacked<kType>& u, const int32_t quad[8], float dx, i
 
 // Groups gs[0 .. kGroups) against rows [i0, i0 + kTile) of x: each block
 // unpacked once for all kTile rows, and the groups read in lockstep, block
-// by block (kGroups streams from memory at once: for one row, two keep more
-// reads in flight than one: 15% less time on the 2-vCPU machine).
+// by block (kGroups streams from memory at once: a core keeps more reads in
+// flight over several sequential streams than over one).
 template <QuantType kType, int kTile, int kGroups>
 void GroupRows(const Int8Rows& x, const Int8Matrix& w, const int* gs, int i0, float* y,
                int64_t ldy) {
@@ -183,18 +183,42 @@ void GroupRows(const Int8Rows& x, const Int8Matrix& w, const int* gs, int i0, fl
 // Rows of activations that meet each unpacked block together.
 constexpr int kRowTile = 4;
 
+// Streams from memory for one row of activations: groups read in lockstep.
+// Memory bound; a core keeps more reads in flight over several sequential
+// streams than over one (coalesce-engine-bench --limits prints the
+// bandwidth of one stream a thread and of 8), and on the 2-vCPU machine
+// four read faster than two.
+constexpr int kStreams = 4;
+
+// The groups gs[0 .. count) in lockstep against row 0.
+template <QuantType kType>
+void RowStreams(const Int8Rows& x, const Int8Matrix& w, const int* gs, int count, float* y,
+                int64_t ldy) {
+  static_assert(kStreams == 4);
+  switch (count) {
+    case 1:
+      return GroupRows<kType, 1, 1>(x, w, gs, 0, y, ldy);
+    case 2:
+      return GroupRows<kType, 1, 2>(x, w, gs, 0, y, ldy);
+    case 3:
+      return GroupRows<kType, 1, 3>(x, w, gs, 0, y, ldy);
+    default:
+      return GroupRows<kType, 1, 4>(x, w, gs, 0, y, ldy);
+  }
+}
+
 template <QuantType kType>
 void Groups(const Int8Rows& x, const Int8Matrix& w, int g0, int g1, float* y, int64_t ldy) {
   if (x.rows == 1) {
-    // Two streams: group g0 + t beside g0 + half + t.
-    const int n = g1 - g0, half = (n + 1) / 2;
-    for (int t = 0; t < half; ++t) {
-      const int gs[2] = {g0 + t, g0 + half + t};
-      if (t + half < n) {
-        GroupRows<kType, 1, 2>(x, w, gs, 0, y, ldy);
-      } else {
-        GroupRows<kType, 1, 1>(x, w, gs, 0, y, ldy);
+    // kStreams runs of consecutive groups, the t-th group of each together.
+    const int n = g1 - g0, per = (n + kStreams - 1) / kStreams;
+    for (int t = 0; t < per; ++t) {
+      int gs[kStreams];
+      int count = 0;
+      for (int s = 0; s < kStreams; ++s) {
+        if (s * per + t < n) gs[count++] = g0 + s * per + t;
       }
+      RowStreams<kType>(x, w, gs, count, y, ldy);
     }
     return;
   }
