@@ -71,7 +71,7 @@ void MatmulTogether(ThreadPool& pool, std::span<const MatmulProduct> products, c
   int total = 0;
   for (size_t i = 0; i < products.size(); ++i) {
     const int units = Units(products[i]);
-    const int per_thread = products[i].w.int8 != nullptr ? kInt8TasksPerThread : 4;
+    const int per_thread = products[i].w.int8 != nullptr ? Int8TasksPerThread(m) : 4;
     const int tasks = std::min(units, threads * per_thread);
     pieces[i] = {units, tasks, total};
     total += tasks;

@@ -390,7 +390,7 @@ void Int8Matmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const Int8
     Int8MatmulGroups(q, w, 0, groups, y, ldy, isa);
     return;
   }
-  const int tasks = std::min(groups, threads * kInt8TasksPerThread);
+  const int tasks = std::min(groups, threads * Int8TasksPerThread(m));
   pool.ParallelFor(tasks, [&](int task, int) {
     const int g0 = static_cast<int>(int64_t{groups} * task / tasks);
     const int g1 = static_cast<int>(int64_t{groups} * (task + 1) / tasks);

@@ -56,12 +56,14 @@ bool Int8DotType(QuantType type);
 // Rows of a group (one per 32-bit lane of a 512-bit vector).
 inline constexpr int kInt8GroupRows = 16;
 
-// Tasks per thread that a product's groups are split into: few, because a
-// task starts its streams from memory cold (the first reads of each wait
-// for memory before the prefetches ahead of them run), yet more than one,
-// so that a thread the machine delays is made up for by the others
-// (docs/performance.md measures 2 against 4).
-inline constexpr int kInt8TasksPerThread = 2;
+// Tasks per thread that a product's groups are split into for m rows of
+// activations. One row is bound by memory: few tasks, because a task starts
+// its streams from memory cold (the first reads of each wait for memory
+// before the prefetches ahead of them run), yet more than one, so that a
+// thread the machine delays is made up for by the others
+// (docs/performance.md measures 2 against 4). More rows are bound by
+// arithmetic, and more tasks balance the threads better.
+inline constexpr int Int8TasksPerThread(int m) { return m == 1 ? 2 : 4; }
 
 // A quantized matrix laid out for the int8 kernels: groups of 16 rows (the
 // last padded with zero weights) by the type's own blocks of columns (32, or
