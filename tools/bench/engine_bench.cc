@@ -78,7 +78,8 @@ ABSL_FLAG(bool, int8_activations, false,
 ABSL_FLAG(bool, limits, false,
           "Also measure, in the same run and on the same threads, the memory read bandwidth and "
           "the rate of a large single-precision matrix product (OpenBLAS sgemm), and print the "
-          "smallest batch against the floor of weight bytes over that bandwidth and the largest "
+          "smallest batch against the floor of weight bytes over that bandwidth (15 more steps, "
+          "each right after a pass of the bandwidth probe: medians and bests) and the largest "
           "batch's arithmetic rate against that product's.");
 
 extern "C" {
