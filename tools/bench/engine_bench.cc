@@ -35,6 +35,7 @@
 #include "engine/model/quantize.h"
 #include "engine/precision.h"
 #include "engine/sampler.h"
+#include "tools/bench/probe_pairs.h"
 
 ABSL_FLAG(std::string, model, "synthetic:15m",
           "The model: synthetic:NAME, a Hugging Face folder or a llama2.c checkpoint.");
@@ -114,52 +115,22 @@ double SgemmRate(int threads) {
   return 2.0 * n * n * n / seconds[seconds.size() / 2];
 }
 
-// --limits: steps timed one at a time, each right after a pass of the
-// bandwidth probe, so that both sample the same minutes of a shared machine
-// (whose bandwidth moves by half from minute to minute), and each step reads
-// its weights from memory, not from caches the step before filled.
-struct Paired {
-  absl::Status status;
-  double seconds = 0, fastest = 0;    // median and least step time
-  double bandwidth = 0, highest = 0;  // median and most probe pass, bytes/s
-};
-
+// --limits: 15 more steps of the smallest batch, each timed right after a
+// pass of the bandwidth probe (probe_pairs.h).
 constexpr int kPairedSteps = 15;
-
-// step(i) runs the i-th step.
-template <typename Step>
-Paired PairedSteps(engine::MemoryReadProbe& probe, Step&& step) {
-  Paired out;
-  std::vector<double> seconds, bandwidths;
-  for (int i = 0; i < kPairedSteps; ++i) {
-    bandwidths.push_back(probe.Pass());
-    const absl::Time start = absl::Now();
-    out.status = step(i);
-    if (!out.status.ok()) return out;
-    seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
-  }
-  std::sort(seconds.begin(), seconds.end());
-  std::sort(bandwidths.begin(), bandwidths.end());
-  out.seconds = seconds[seconds.size() / 2];
-  out.fastest = seconds.front();
-  out.bandwidth = bandwidths[bandwidths.size() / 2];
-  out.highest = bandwidths.back();
-  return out;
-}
 
 // The paired steps against the floor, `bytes` over the probe's bandwidth:
 // medians, and bests (others on the machine only ever slow either down).
-void PrintFloor(int batch, double bytes, const Paired& p) {
+void PrintFloor(int batch, double bytes, const bench::ProbePairs& p) {
   std::printf(
       "  batch %d, %d steps each after a probe pass: median %.2f ms per step; floor (%.0f MB of "
       "weights over the median pass, %.1f GB/s) %.2f ms: %.1f%% of the bandwidth limit\n",
       batch, kPairedSteps, p.seconds * 1e3, bytes / 1e6, p.bandwidth / 1e9,
-      bytes / p.bandwidth * 1e3, 100.0 * bytes / p.bandwidth / p.seconds);
+      bytes / p.bandwidth * 1e3, 100.0 * p.MedianShare(bytes));
   std::printf(
       "  batch %d, best of both: %.2f ms per step; floor (over the fastest pass, %.1f GB/s) "
       "%.2f ms: %.1f%% of the bandwidth limit\n",
-      batch, p.fastest * 1e3, p.highest / 1e9, bytes / p.highest * 1e3,
-      100.0 * bytes / p.highest / p.fastest);
+      batch, p.fastest * 1e3, p.highest / 1e9, bytes / p.highest * 1e3, 100.0 * p.BestShare(bytes));
 }
 
 // ||a - b|| / ||b||.
@@ -462,14 +433,14 @@ int Run() {
   std::vector<std::pair<int, double>> step_seconds;  // (batch, seconds per decode step), first type
   std::vector<double> first_batch_seconds(dtypes.size(), 0.0);  // each variant's, first batch
   // --limits: each variant's smallest batch again, one step at a time, each
-  // right after a pass of the bandwidth probe (PairedSteps).
+  // right after a pass of the bandwidth probe (probe_pairs.h).
   const bool limits = absl::GetFlag(FLAGS_limits);
   const int probe_threads =
       options.threads > 0 ? options.threads
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::unique_ptr<engine::MemoryReadProbe> probe;
   if (limits) probe = std::make_unique<engine::MemoryReadProbe>(probe_threads);
-  std::vector<Paired> paired(dtypes.size());
+  std::vector<bench::ProbePairs> paired(dtypes.size());
   for (int batch : sizes) {
     std::vector<std::vector<int32_t>> tables(batch);
     for (int b = 0; b < batch; ++b) {
@@ -530,7 +501,7 @@ int Run() {
         step_seconds.push_back({batch, seconds / (steps * repeat)});
       }
       if (limits && batch == sizes.front()) {
-        paired[d] = PairedSteps(*probe, [&](int step) {
+        paired[d] = bench::TimeAfterProbePasses(*probe, kPairedSteps, [&](int step) {
           for (int b = 0; b < batch; ++b) seqs[b] = {1, context + step % steps, tables[b]};
           return sample ? backend.StepAndSample({tokens, seqs}, greedy, std::span<int32_t>(next))
                         : backend.Step({tokens, seqs}, logits);

@@ -40,6 +40,7 @@
 #include "engine/cpu/thread_pool.h"
 #include "engine/model/load.h"
 #include "engine/sampler.h"
+#include "tools/bench/probe_pairs.h"
 
 ABSL_FLAG(std::string, model, "synthetic:110m",
           "Whose shape: synthetic:NAME, a Hugging Face folder, a GGUF file or a llama2.c "
@@ -119,23 +120,9 @@ std::optional<engine::QuantType> TypeNamed(absl::string_view name) {
   return std::nullopt;
 }
 
-// A measurement: --repeat passes, each timed right after a pass of the
-// bandwidth probe. Interleaving makes the two sample the same minutes of a
-// shared machine, whose bandwidth moves by half from minute to minute; and
-// each probe pass evicts the caches, so the weights come from memory every
-// time, as a model larger than the caches does. Two summaries: the medians
-// of both, and the best of both (the fastest pass against the fastest probe
-// pass: other tenants of the machine only ever slow either down, so the
-// bests are the quiet machine, and one pass of either moves far more than
-// the median of 15).
-struct Timing {
-  double seconds = 0, fastest = 0;    // median and least
-  double bandwidth = 0, highest = 0;  // median and most, bytes per second
-};
-
 struct Result {
   double bytes = 0;
-  std::vector<Timing> timings;  // per --rows entry
+  std::vector<bench::ProbePairs> timings;  // per --rows entry
 };
 
 // Every matrix of the step against m rows of x, as the engine runs them:
@@ -156,24 +143,18 @@ void Step(engine::cpu::ThreadPool& pool, const std::vector<Shape>& shapes, Weigh
   }
 }
 
+// --repeat passes after a warm-up, each right after a probe pass
+// (probe_pairs.h); `bandwidths` collects every probe pass.
 template <typename Fn>
-Timing Paired(int repeat, engine::MemoryReadProbe& probe, std::vector<double>& bandwidths,
-              Fn&& pass) {
+bench::ProbePairs Paired(int repeat, engine::MemoryReadProbe& probe,
+                         std::vector<double>& bandwidths, Fn&& pass) {
   pass();  // warm-up
-  std::vector<double> seconds, mine;
-  for (int i = 0; i < repeat; ++i) {
-    mine.push_back(probe.Pass());
-    const absl::Time start = absl::Now();
+  bench::ProbePairs pairs = bench::TimeAfterProbePasses(probe, repeat, [&](int) {
     pass();
-    seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
-  }
-  bandwidths.insert(bandwidths.end(), mine.begin(), mine.end());
-  std::sort(seconds.begin(), seconds.end());
-  std::sort(mine.begin(), mine.end());
-  return {.seconds = seconds[seconds.size() / 2],
-          .fastest = seconds.front(),
-          .bandwidth = mine[mine.size() / 2],
-          .highest = mine.back()};
+    return absl::OkStatus();
+  });
+  bandwidths.insert(bandwidths.end(), pairs.probe_passes.begin(), pairs.probe_passes.end());
+  return pairs;
 }
 
 int Run() {
@@ -309,13 +290,13 @@ int Run() {
   if (!results.empty() && results[0].first == "fp32") std::printf(" %s", "speed vs fp32 by rows");
   std::printf("\n");
   for (const auto& [name, r] : results) {
-    std::printf("%9s %10.1f %10.2f", name.c_str(), r.bytes / 1e6, r.bytes / bandwidth * 1e3);
-    for (const Timing& t : r.timings) std::printf(" %12.2f", t.seconds * 1e3);
-    // The first --rows entry's floor over its own pairs' bandwidth: medians,
-    // and bests.
-    const Timing& first = r.timings[0];
-    std::printf(" %13.1f%% %7.1f%%", 100.0 * r.bytes / first.bandwidth / first.seconds,
-                100.0 * r.bytes / first.highest / first.fastest);
+    // The floor over the first --rows entry's own probe passes (median), and
+    // that entry's medians and bests against it.
+    const bench::ProbePairs& first = r.timings[0];
+    std::printf("%9s %10.1f %10.2f", name.c_str(), r.bytes / 1e6, r.bytes / first.bandwidth * 1e3);
+    for (const bench::ProbePairs& t : r.timings) std::printf(" %12.2f", t.seconds * 1e3);
+    std::printf(" %13.1f%% %7.1f%%", 100.0 * first.MedianShare(r.bytes),
+                100.0 * first.BestShare(r.bytes));
     if (results[0].first == "fp32") {
       for (size_t i = 0; i < r.timings.size(); ++i) {
         std::printf(" %.2fx", results[0].second.timings[i].seconds / r.timings[i].seconds);
