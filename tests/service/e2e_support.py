@@ -274,7 +274,7 @@ class Client:
         return res
 
     def generate_call(self, req, timeout=RPC_TIMEOUT):
-        return self._generate(req, timeout=timeout)
+        return self._generate(req, timeout=timeout, metadata=self.metadata)
 
     def generate_raw(self, req, timeout=RPC_TIMEOUT):
         return list(self._generate_raw(req, timeout=timeout))

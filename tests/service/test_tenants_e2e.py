@@ -162,16 +162,12 @@ def test_over_its_streams_a_tenant_waits_and_others_go_on(srv, pb, keys_file):
     as_tenant(srv, "alpha")
     long = srv.request(ids=PROMPT, max_new_tokens=400)
     long.sampling.ignore_eos = True
-    result = {}
-    t = threading.Thread(target=lambda: result.update(res=srv.generate(long)))
-    t.start()
-    # Once the long call holds alpha's one stream, a second is refused.
-    second = None
-    for _ in range(100):
-        second = srv.generate(srv.request(ids=PROMPT, max_new_tokens=2))
-        if second.code is not None:
-            break
-        time.sleep(0.01)
+    # Its first tokens say the long call holds alpha's one stream (a second
+    # call sent earlier could take it first), and 399 more keep it held while
+    # a second is refused.
+    stream = srv.generate_call(long)
+    long_ids = list(next(stream).token_ids)
+    second = srv.generate(srv.request(ids=PROMPT, max_new_tokens=2))
     assert second.code == grpc.StatusCode.RESOURCE_EXHAUSTED, second
     assert "1 streams open, its limit" in second.details
     assert int(second.trailing["grpc-retry-pushback-ms"]) > 0
@@ -180,8 +176,9 @@ def test_over_its_streams_a_tenant_waits_and_others_go_on(srv, pb, keys_file):
     as_tenant(other, "other")
     assert other.generate(other.request(ids=PROMPT, max_new_tokens=4)).code is None
     other.close()
-    t.join()
-    assert result["res"].code is None and len(result["res"].ids) == 400
+    for msg in stream:
+        long_ids.extend(msg.token_ids)
+    assert len(long_ids) == 400
     assert wait_for(lambda: srv.generate(srv.request(ids=PROMPT, max_new_tokens=2)).code is None,
                     10)
 
