@@ -105,7 +105,9 @@ TEST_F(SamplesTest, NSamplesEqualNSeparateRequestsWithSeedsPlusI) {
         EXPECT_EQ(StepTokens(), shared + kN * (1 + partial) - partial + decoded);
         EXPECT_EQ(backend_->copied_, copies && shared % 4 != 0 ? kN - 1 : 0);
         // Less than alone whenever something is shared and not recomputed.
-        if (shared - partial > 0) EXPECT_LT(StepTokens(), alone_tokens);
+        if (shared - partial > 0) {
+          EXPECT_LT(StepTokens(), alone_tokens);
+        }
         // One request for the observer: one first token, one end.
         EXPECT_EQ(observer_.first_tokens, 1);
         EXPECT_EQ(observer_.finished, 1);
@@ -142,7 +144,9 @@ TEST_F(SamplesTest, SamplesThatArePreemptedStillEqualSeparateRequests) {
       r.stop.clear();
       auto sink = Submit(std::move(r));
       RunUntilFinished({sink});
-      if (mode == BatchingMode::kContinuous) EXPECT_GE(observer_.preemptions, 1);
+      if (mode == BatchingMode::kContinuous) {
+        EXPECT_GE(observer_.preemptions, 1);
+      }
       for (int i = 0; i < 3; ++i) {
         EXPECT_EQ(sink->WaitFinal(i).finish_reason, FinishReason::kLength);
         EXPECT_THAT(sink->ids(i), ElementsAreArray(alone[i])) << "sample " << i;

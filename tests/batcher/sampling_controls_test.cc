@@ -142,7 +142,9 @@ TEST_F(SamplingControlsTest, EachRequestGeneratesWhatTheDefinitionsGive) {
       EXPECT_EQ(final.finish_reason, want.reason);
       EXPECT_EQ(sinks[i]->text(), Text(want.ids, want.reason));
     }
-    if (setup.num_blocks == 8) EXPECT_GT(observer_.preemptions, 0);
+    if (setup.num_blocks == 8) {
+      EXPECT_GT(observer_.preemptions, 0);
+    }
   }
 }
 
