@@ -144,17 +144,14 @@ void Step(engine::cpu::ThreadPool& pool, const std::vector<Shape>& shapes, Weigh
 }
 
 // --repeat passes after a warm-up, each right after a probe pass
-// (probe_pairs.h); `bandwidths` collects every probe pass.
+// (probe_pairs.h).
 template <typename Fn>
-bench::ProbePairs Paired(int repeat, engine::MemoryReadProbe& probe,
-                         std::vector<double>& bandwidths, Fn&& pass) {
+bench::ProbePairs Paired(int repeat, engine::MemoryReadProbe& probe, Fn&& pass) {
   pass();  // warm-up
-  bench::ProbePairs pairs = bench::TimeAfterProbePasses(probe, repeat, [&](int) {
+  return bench::TimeAfterProbePasses(probe, repeat, [&](int) {
     pass();
     return absl::OkStatus();
   });
-  bandwidths.insert(bandwidths.end(), pairs.probe_passes.begin(), pairs.probe_passes.end());
-  return pairs;
 }
 
 int Run() {
@@ -202,7 +199,6 @@ int Run() {
       }(),
       threads);
   engine::MemoryReadProbe probe(threads);
-  std::vector<double> bandwidths;  // every probe pass
   std::vector<std::pair<std::string, Result>> results;
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_types), ',')) {
     Result r;
@@ -214,7 +210,7 @@ int Run() {
         r.bytes += 4.0 * s.rows * s.cols;
       }
       for (const int m : row_counts) {
-        r.timings.push_back(Paired(repeat, probe, bandwidths, [&] {
+        r.timings.push_back(Paired(repeat, probe, [&] {
           Step(
               pool, shapes, [&](size_t i) { return engine::cpu::MatmulWeights{.f = w[i].data()}; },
               x.data(), m, y.data(), y_stride, scratch);
@@ -258,13 +254,13 @@ int Run() {
         }
       }
       for (const int m : row_counts) {
-        r.timings.push_back(Paired(repeat, probe, bandwidths, [&] {
+        r.timings.push_back(Paired(repeat, probe, [&] {
           Step(
               pool, shapes, [&](size_t i) { return engine::cpu::MatmulWeights{.panels = &w[i]}; },
               x.data(), m, y.data(), y_stride, scratch);
         }));
         if (!int8) continue;
-        r8.timings.push_back(Paired(repeat, probe, bandwidths, [&] {
+        r8.timings.push_back(Paired(repeat, probe, [&] {
           Step(
               pool, shapes, [&](size_t i) { return engine::cpu::MatmulWeights{.int8 = &w8[i]}; },
               x.data(), m, y.data(), y_stride, scratch);
@@ -277,6 +273,12 @@ int Run() {
       }
     }
     results.emplace_back(std::string(name), std::move(r));
+  }
+  std::vector<double> bandwidths;  // every probe pass
+  for (const auto& [name, r] : results) {
+    for (const bench::ProbePairs& t : r.timings) {
+      bandwidths.insert(bandwidths.end(), t.probe_passes.begin(), t.probe_passes.end());
+    }
   }
   std::sort(bandwidths.begin(), bandwidths.end());
   const double bandwidth = bandwidths[bandwidths.size() / 2];
