@@ -140,25 +140,8 @@ absl::StatusOr<Int8Matrix> Int8Matrix::Pack(const QuantizedMatrix& m) {
   out.rows_ = static_cast<int>(m.rows);
   out.cols_ = static_cast<int>(m.cols);
   out.blocks_per_header_ = file_block / 32;
-  switch (m.type) {
-    case QuantType::kQ8_0:
-      out.block_bytes_ = 544;
-      break;
-    case QuantType::kQ4_0:
-      out.block_bytes_ = 288;
-      break;
-    case QuantType::kQ4_1:
-      out.block_bytes_ = 320;
-      break;
-    case QuantType::kQ4_K:
-      out.header_bytes_ = 64;
-      out.block_bytes_ = 288;
-      break;
-    case QuantType::kQ6_K:
-      out.header_bytes_ = 32;
-      out.block_bytes_ = 416;
-      break;
-  }
+  out.header_bytes_ = Int8HeaderBytes(m.type);
+  out.block_bytes_ = Int8BlockBytes(m.type);
   const int64_t total = out.bytes();
   const size_t alloc = static_cast<size_t>((total + 63) / 64 * 64);
   out.data_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, alloc)));

@@ -65,6 +65,26 @@ inline constexpr int kInt8GroupRows = 16;
 // arithmetic, and more tasks balance the threads better.
 inline constexpr int Int8TasksPerThread(int m) { return m == 1 ? 2 : 4; }
 
+// Bytes of a group's header and of one of its blocks in Int8Matrix's layout
+// (below), for each type with int8 kernels.
+constexpr int64_t Int8HeaderBytes(QuantType type) {
+  return type == QuantType::kQ4_K ? 64 : type == QuantType::kQ6_K ? 32 : 0;
+}
+constexpr int64_t Int8BlockBytes(QuantType type) {
+  switch (type) {
+    case QuantType::kQ8_0:
+      return 544;
+    case QuantType::kQ4_0:
+    case QuantType::kQ4_K:
+      return 288;
+    case QuantType::kQ4_1:
+      return 320;
+    case QuantType::kQ6_K:
+      return 416;
+  }
+  return 0;
+}
+
 // A quantized matrix laid out for the int8 kernels: groups of 16 rows (the
 // last padded with zero weights) by the type's own blocks of columns (32, or
 // 256 for Q4_K and Q6_K), each a header and then its 32-column blocks.

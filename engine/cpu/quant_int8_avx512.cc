@@ -25,9 +25,6 @@ inline __m512i Signed16(const uint8_t* p) {
   return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 inline __m512i Load(const uint8_t* p) { return _mm512_loadu_si512(p); }
-inline __m512i Dot(__m512i acc, __m512i weights, int32_t quad) {
-  return _mm512_dpbusd_epi32(acc, weights, _mm512_set1_epi32(quad));
-}
 // (a & b) | c, one instruction.
 inline __m512i AndOr(__m512i a, __m512i b, __m512i c) {
   return _mm512_ternarylogic_epi32(a, b, c, 0xEA);
@@ -73,12 +70,15 @@ inline Unpacked<kType> Unpack(const uint8_t* blk, const uint8_t* header) {
     u.d = Halves(header);
   } else {
     // Q4_0, Q4_1, Q4_K: nibbles, byte c of quad q holding columns 4q + c
-    // (low) and 4q + 16 + c (high).
+    // (low) and 4q + 16 + c (high). The high nibbles stay in place, 16 times
+    // their value (vpdpbusd multiplies bytes up to 255): Apply divides their
+    // integer sum by 16, exactly, which saves a shift a vector.
     const uint8_t* n = blk + (kType == QuantType::kQ4_1 ? 64 : 32);
+    const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xF0F0F0F0u));
     for (int q = 0; q < 4; ++q) {
       const __m512i v = Load(n + 64 * q);
       u.w[q] = _mm512_and_si512(v, low);
-      u.w[q + 4] = _mm512_and_si512(_mm512_srli_epi32(v, 4), low);
+      u.w[q + 4] = _mm512_and_si512(v, high);
     }
     if constexpr (kType == QuantType::kQ4_K) {
       u.d = _mm512_mul_ps(Halves(header), Unsigned16(blk));
@@ -91,19 +91,30 @@ inline Unpacked<kType> Unpack(const uint8_t* blk, const uint8_t* header) {
   return u;
 }
 
+// One row's quantized activation block as vpdpbusd meets it: quad q
+// (columns 4q .. 4q + 3, as bytes) in every lane, broadcast from memory.
+struct Quads {
+  __m512i q[8];
+};
+inline Quads LoadQuads(const int8_t* xq) {
+  Quads out;
+  for (int q = 0; q < 8; ++q) out.q[q] = _mm512_broadcastd_epi32(_mm_loadu_si32(xq + 4 * q));
+  return out;
+}
+
 // An unpacked block against one quantized activation block: adds its terms
 // (quant_int8.h) to `total`. Independent integer sums (a chain of vpdpbusd
 // would wait on each one's latency), added at the end: integers, so exact.
 template <QuantType kType>
-inline __m512 Apply(const Unpacked<kType>& u, const int32_t quad[8], float dx, int32_t sx,
-                    int32_t s1, __m512 total) {
+inline __m512 Apply(const Unpacked<kType>& u, const Quads& x, float dx, int32_t sx, int32_t s1,
+                    __m512 total) {
   const __m512 dxv = _mm512_set1_ps(dx);
   if constexpr (kType == QuantType::kQ6_K) {
     __m512i first[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
     __m512i second[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
     for (int j = 0; j < 4; ++j) {
-      first[j % 2] = Dot(first[j % 2], u.w[j], quad[j]);
-      second[j % 2] = Dot(second[j % 2], u.w[j + 4], quad[j + 4]);
+      first[j % 2] = _mm512_dpbusd_epi32(first[j % 2], u.w[j], x.q[j]);
+      second[j % 2] = _mm512_dpbusd_epi32(second[j % 2], u.w[j + 4], x.q[j + 4]);
     }
     const __m512i i1 =
         _mm512_sub_epi32(_mm512_add_epi32(first[0], first[1]), _mm512_set1_epi32(32 * s1));
@@ -115,13 +126,20 @@ inline __m512 Apply(const Unpacked<kType>& u, const int32_t quad[8], float dx, i
   } else {
     __m512i dots[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
                        _mm512_setzero_si512()};
-    for (int q = 0; q < 8; ++q) dots[q % 4] = Dot(dots[q % 4], u.w[q], quad[q]);
-    __m512i dot =
-        _mm512_add_epi32(_mm512_add_epi32(dots[0], dots[1]), _mm512_add_epi32(dots[2], dots[3]));
+    for (int q = 0; q < 8; ++q) dots[q / 2] = _mm512_dpbusd_epi32(dots[q / 2], u.w[q], x.q[q]);
+    __m512i dot;
     if constexpr (kType == QuantType::kQ8_0) {
+      dot =
+          _mm512_add_epi32(_mm512_add_epi32(dots[0], dots[1]), _mm512_add_epi32(dots[2], dots[3]));
       dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * sx));  // stored as q + 128
-    } else if constexpr (kType == QuantType::kQ4_0) {
-      dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(8 * sx));  // q for q - 8
+    } else {
+      // The high nibbles' sum is 16 times theirs (Unpack): a multiple of 16,
+      // so the arithmetic shift is exact.
+      dot = _mm512_add_epi32(_mm512_add_epi32(dots[0], dots[1]),
+                             _mm512_srai_epi32(_mm512_add_epi32(dots[2], dots[3]), 4));
+      if constexpr (kType == QuantType::kQ4_0) {
+        dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(8 * sx));  // q for q - 8
+      }
     }
     total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(u.d, dxv), total);
     if constexpr (kType == QuantType::kQ4_1) {
@@ -140,35 +158,41 @@ inline __m512 Apply(const Unpacked<kType>& u, const int32_t quad[8], float dx, i
 template <QuantType kType, int kTile, int kGroups>
 void GroupRows(const Int8Rows& x, const Int8Matrix& w, const int* gs, int i0, float* y,
                int64_t ldy) {
-  const int blocks = w.cols() / 32, per_header = w.blocks_per_header();
+  // The layout's sizes as constants, for the loops below to unroll.
+  constexpr int64_t kBytes = Int8BlockBytes(kType), kHeaderBytes = Int8HeaderBytes(kType);
+  constexpr int kPer = kType == QuantType::kQ4_K || kType == QuantType::kQ6_K ? 8 : 1;
+  const int blocks = w.cols() / 32;
   __m512 total[kGroups][kTile];
+#pragma GCC unroll 8
   for (int s = 0; s < kGroups; ++s) {
+#pragma GCC unroll 8
     for (int t = 0; t < kTile; ++t) total[s][t] = _mm512_setzero_ps();
   }
-  for (int b0 = 0; b0 < blocks; b0 += per_header) {
-    const uint8_t* header[kGroups];
-    const uint8_t* blk[kGroups];
-    for (int s = 0; s < kGroups; ++s) {
-      header[s] = w.header(gs[s], b0);
-      blk[s] = header[s] + w.header_bytes();
-    }
-    for (int b = b0; b < b0 + per_header; ++b) {
+  const uint8_t* header[kGroups];
+#pragma GCC unroll 8
+  for (int s = 0; s < kGroups; ++s) header[s] = w.group(gs[s]);
+  for (int b0 = 0; b0 < blocks; b0 += kPer) {
+    for (int b = b0; b < b0 + kPer; ++b) {
+#pragma GCC unroll 8
       for (int s = 0; s < kGroups; ++s) {
+        const uint8_t* blk = header[s] + kHeaderBytes + (b - b0) * kBytes;
         // The bytes kAhead on, asked for now: a core keeps few misses of
         // one sequential stream in flight, and memory delivers more.
-        for (int64_t line = 0; line < w.block_bytes(); line += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(blk[s] + kAhead + line), _MM_HINT_T0);
+#pragma GCC unroll 16
+        for (int64_t line = 0; line < kBytes; line += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead + line), _MM_HINT_T0);
         }
-        const Unpacked<kType> u = Unpack<kType>(blk[s], header[s]);
+        const Unpacked<kType> u = Unpack<kType>(blk, header[s]);
+#pragma GCC unroll 8
         for (int t = 0; t < kTile; ++t) {
           const size_t at = static_cast<size_t>(i0 + t) * blocks + b;
-          int32_t quad[8];
-          std::memcpy(quad, x.xq.get() + at * 32, 32);
-          total[s][t] = Apply<kType>(u, quad, x.scale[at], x.sum[at], x.first_sum[at], total[s][t]);
+          total[s][t] = Apply<kType>(u, LoadQuads(x.xq.get() + at * 32), x.scale[at], x.sum[at],
+                                     x.first_sum[at], total[s][t]);
         }
-        blk[s] += w.block_bytes();
       }
     }
+#pragma GCC unroll 8
+    for (int s = 0; s < kGroups; ++s) header[s] += kHeaderBytes + kPer * kBytes;
   }
   for (int s = 0; s < kGroups; ++s) {
     const int j = gs[s] * kInt8GroupRows, rows = std::min(kInt8GroupRows, w.rows() - j);
