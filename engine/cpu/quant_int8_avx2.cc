@@ -43,7 +43,7 @@ inline __m256i Dot(__m256i acc, __m256i weights, __m256i x) {
 // Half h (rows 8h .. 8h + 7) of one block of a group: as the AVX-512
 // kernel's Block, on 8 lanes.
 template <QuantType kType>
-inline __m256 HalfBlock(const uint8_t* blk, const uint8_t* header, int h, const int32_t quad[8],
+inline __m256 HalfBlock(const uint8_t* blk, const uint8_t* header, int h, const __m256i quad[8],
                         float dx, int32_t sx, int32_t s1, __m256 total) {
   const __m256i low = _mm256_set1_epi8(0x0F);
   const int lanes = 32 * h;  // this half's bytes in each 64-byte quad
@@ -53,8 +53,7 @@ inline __m256 HalfBlock(const uint8_t* blk, const uint8_t* header, int h, const 
     for (int q = 0; q < 8; ++q) {
       // Stored as q + 128: back to q, then |q| against x with q's sign.
       const __m256i w = _mm256_xor_si256(Load(blk + 32 + 64 * q + lanes), _mm256_set1_epi8(-128));
-      dots[q % 2] =
-          Dot(dots[q % 2], _mm256_abs_epi8(w), _mm256_sign_epi8(_mm256_set1_epi32(quad[q]), w));
+      dots[q % 2] = Dot(dots[q % 2], _mm256_abs_epi8(w), _mm256_sign_epi8(quad[q], w));
     }
     const __m256i dot = _mm256_add_epi32(dots[0], dots[1]);
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(Halves(blk + 16 * h), dxv),
@@ -72,11 +71,10 @@ inline __m256 HalfBlock(const uint8_t* blk, const uint8_t* header, int h, const 
     __m256i first = _mm256_setzero_si256(), second = _mm256_setzero_si256();
     for (int j = 0; j < 4; ++j) {
       const __m256i v = Load(blk + 32 + 64 * j + lanes);
-      first = Dot(first, _mm256_or_si256(_mm256_and_si256(v, low), first_high[j]),
-                  _mm256_set1_epi32(quad[j]));
+      first = Dot(first, _mm256_or_si256(_mm256_and_si256(v, low), first_high[j]), quad[j]);
       second = Dot(second,
                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v, 4), low), second_high[j]),
-                   _mm256_set1_epi32(quad[j + 4]));
+                   quad[j + 4]);
     }
     const __m256i i1 = _mm256_sub_epi32(first, _mm256_set1_epi32(32 * s1));
     const __m256i i2 = _mm256_sub_epi32(second, _mm256_set1_epi32(32 * (sx - s1)));
@@ -89,9 +87,8 @@ inline __m256 HalfBlock(const uint8_t* blk, const uint8_t* header, int h, const 
     __m256i dots[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int q = 0; q < 4; ++q) {
       const __m256i v = Load(n + 64 * q);
-      dots[0] = Dot(dots[0], _mm256_and_si256(v, low), _mm256_set1_epi32(quad[q]));
-      dots[1] = Dot(dots[1], _mm256_and_si256(_mm256_srli_epi32(v, 4), low),
-                    _mm256_set1_epi32(quad[q + 4]));
+      dots[0] = Dot(dots[0], _mm256_and_si256(v, low), quad[q]);
+      dots[1] = Dot(dots[1], _mm256_and_si256(_mm256_srli_epi32(v, 4), low), quad[q + 4]);
     }
     __m256i dot = _mm256_add_epi32(dots[0], dots[1]);
     if constexpr (kType == QuantType::kQ4_0) {
@@ -116,7 +113,10 @@ inline __m256 HalfBlock(const uint8_t* blk, const uint8_t* header, int h, const 
 
 template <QuantType kType>
 void Groups(const Int8Rows& x, const Int8Matrix& w, int g0, int g1, float* y, int64_t ldy) {
-  const int blocks = w.cols() / 32, per_header = w.blocks_per_header();
+  // The layout's sizes as constants, for the loops below to unroll.
+  constexpr int64_t kBytes = Int8BlockBytes(kType), kHeaderBytes = Int8HeaderBytes(kType);
+  constexpr int kPer = kType == QuantType::kQ4_K || kType == QuantType::kQ6_K ? 8 : 1;
+  const int blocks = w.cols() / 32;
   for (int g = g0; g < g1; ++g) {
     const int j = g * kInt8GroupRows, rows = std::min(kInt8GroupRows, w.rows() - j);
     for (int i = 0; i < x.rows; ++i) {
@@ -126,15 +126,20 @@ void Groups(const Int8Rows& x, const Int8Matrix& w, int g0, int g1, float* y, in
       const int32_t* sx = x.sum.get() + first;
       const int32_t* s1 = x.first_sum.get() + first;
       __m256 total[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-      for (int b0 = 0; b0 < blocks; b0 += per_header) {
-        const uint8_t* header = w.header(g, b0);
-        const uint8_t* blk = header + w.header_bytes();
-        for (int b = b0; b < b0 + per_header; ++b, blk += w.block_bytes()) {
-          for (int64_t line = 0; line < w.block_bytes(); line += 64) {
+      const uint8_t* header = w.group(g);
+      for (int b0 = 0; b0 < blocks; b0 += kPer, header += kHeaderBytes + kPer * kBytes) {
+        const uint8_t* blk = header + kHeaderBytes;
+        for (int b = b0; b < b0 + kPer; ++b, blk += kBytes) {
+#pragma GCC unroll 8
+          for (int64_t line = 0; line < kBytes; line += 64) {
             _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead + line), _MM_HINT_T0);
           }
-          int32_t quad[8];
-          std::memcpy(quad, xq + b * 32, 32);
+          // Quad q of the activation block in every lane, read once for
+          // both halves.
+          __m256i quad[8];
+          for (int q = 0; q < 8; ++q) {
+            quad[q] = _mm256_broadcastd_epi32(_mm_loadu_si32(xq + b * 32 + 4 * q));
+          }
           for (int h = 0; h < 2; ++h) {
             total[h] = HalfBlock<kType>(blk, header, h, quad, dx[b], sx[b], s1[b], total[h]);
           }
