@@ -14,7 +14,8 @@
 // median of --repeat passes (each after a probe pass), run as the engine runs them: q, k and v in
 // one parallel loop, and gate and up in another (cpu/products.h). Attention, norms and sampling are
 // left out: at batch 1 and short contexts they are a small part of a step (coalesce-engine-bench
-// measures whole steps).
+// measures whole steps). Beside them, each type's arithmetic rate: one row against a matrix in
+// cache, on one thread (CacheRate).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -123,7 +124,35 @@ std::optional<engine::QuantType> TypeNamed(absl::string_view name) {
 struct Result {
   double bytes = 0;
   std::vector<bench::ProbePairs> timings;  // per --rows entry
+  double cache_rate = 0;                   // bytes/s: CacheRate
 };
+
+// Rows of the matrix CacheRate times: with the model's columns, small
+// enough for a core's own cache (256 x 768 floats: 768 KiB).
+constexpr int kCacheRows = 256;
+
+// The kernel's arithmetic rate: one row of activations against one matrix
+// of `bytes` that stays in cache, on one thread (a pool of one runs the
+// product on the caller), the fastest of many runs, in weight bytes a
+// second. The memory-bound rows above reach their floor only where this
+// is well above the memory's bandwidth a thread.
+template <typename Weights>
+double CacheRate(double bytes, int cols, Weights weights) {
+  engine::cpu::ThreadPool one(1);
+  std::vector<float> x(static_cast<size_t>(cols), 0.25f), y(kCacheRows);
+  engine::cpu::Int8Rows scratch;
+  const engine::cpu::MatmulProduct product{
+      .w = weights, .n = kCacheRows, .y = y.data(), .ldy = kCacheRows};
+  double best = 1e30;
+  for (int run = 0; run < 200; ++run) {
+    const absl::Time start = absl::Now();
+    for (int i = 0; i < 10; ++i) {
+      engine::cpu::MatmulTogether(one, {&product, 1}, x.data(), cols, 1, cols, scratch);
+    }
+    best = std::min(best, absl::ToDoubleSeconds(absl::Now() - start) / 10);
+  }
+  return bytes / best;
+}
 
 // Every matrix of the step against m rows of x, as the engine runs them:
 // weights(i) is matrix i's; the products of one loop write one output each
@@ -216,6 +245,9 @@ int Run() {
               x.data(), m, y.data(), y_stride, scratch);
         }));
       }
+      const std::vector<float> cached(static_cast<size_t>(kCacheRows) * shapes[0].cols, 0.01f);
+      r.cache_rate = CacheRate(4.0 * static_cast<double>(cached.size()), shapes[0].cols,
+                               engine::cpu::MatmulWeights{.f = cached.data()});
     } else {
       const std::optional<engine::QuantType> type = TypeNamed(name);
       if (!type.has_value()) {
@@ -266,6 +298,21 @@ int Run() {
               x.data(), m, y.data(), y_stride, scratch);
         }));
       }
+      {
+        const std::vector<uint8_t> blocks = RandomBlocks(*type, kCacheRows, shapes[0].cols, rng);
+        const engine::QuantizedMatrix m{
+            .type = *type, .rows = kCacheRows, .cols = shapes[0].cols, .data = blocks.data()};
+        absl::StatusOr<engine::cpu::PackedMatrix> packed = engine::cpu::PackedMatrix::Pack(m);
+        if (!packed.ok()) return 1;  // the shapes above packed
+        r.cache_rate = CacheRate(static_cast<double>(packed->bytes()), shapes[0].cols,
+                                 engine::cpu::MatmulWeights{.panels = &*packed});
+        if (int8) {
+          absl::StatusOr<engine::cpu::Int8Matrix> i8 = engine::cpu::Int8Matrix::Pack(m);
+          if (!i8.ok()) return 1;
+          r8.cache_rate = CacheRate(static_cast<double>(i8->bytes()), shapes[0].cols,
+                                    engine::cpu::MatmulWeights{.int8 = &*i8});
+        }
+      }
       if (int8) {
         results.emplace_back(std::string(name), std::move(r));
         results.emplace_back(std::string(name) + "/i8", std::move(r8));
@@ -284,11 +331,13 @@ int Run() {
   const double bandwidth = bandwidths[bandwidths.size() / 2];
   std::printf(
       "memory read bandwidth, one probe pass before each timed pass: median %.1f GB/s (%.1f to "
-      "%.1f)\n",
-      bandwidth / 1e9, bandwidths.front() / 1e9, bandwidths.back() / 1e9);
+      "%.1f), %.1f GB/s a thread; cache GB/s: one row against a %d-row matrix in cache, on one "
+      "thread\n",
+      bandwidth / 1e9, bandwidths.front() / 1e9, bandwidths.back() / 1e9, bandwidth / threads / 1e9,
+      kCacheRows);
   std::printf("%9s %10s %10s", "type", "MB", "floor ms");
   for (const int m : row_counts) std::printf(" %9s%-3d", "ms rows=", m);
-  std::printf(" %11s%-3d %8s", "floor/rows=", row_counts[0], "best");
+  std::printf(" %11s%-3d %8s %10s", "floor/rows=", row_counts[0], "best", "cache GB/s");
   if (!results.empty() && results[0].first == "fp32") std::printf(" %s", "speed vs fp32 by rows");
   std::printf("\n");
   for (const auto& [name, r] : results) {
@@ -297,8 +346,8 @@ int Run() {
     const bench::ProbePairs& first = r.timings[0];
     std::printf("%9s %10.1f %10.2f", name.c_str(), r.bytes / 1e6, r.bytes / first.bandwidth * 1e3);
     for (const bench::ProbePairs& t : r.timings) std::printf(" %12.2f", t.seconds * 1e3);
-    std::printf(" %13.1f%% %7.1f%%", 100.0 * first.MedianShare(r.bytes),
-                100.0 * first.BestShare(r.bytes));
+    std::printf(" %13.1f%% %7.1f%% %10.1f", 100.0 * first.MedianShare(r.bytes),
+                100.0 * first.BestShare(r.bytes), r.cache_rate / 1e9);
     if (results[0].first == "fp32") {
       for (size_t i = 0; i < r.timings.size(); ++i) {
         std::printf(" %.2fx", results[0].second.timings[i].seconds / r.timings[i].seconds);
