@@ -197,9 +197,10 @@ inline void ForEachValue16(QuantType type, const uint8_t* group, Sink&& sink) {
       // lane, row c's nibble q lies in the mantissa of 2048 + q (exponent
       // bits of 2^11 over bits 12-15 alone) and row c + 16's in that of
       // 128 + q (2^7 over bits 16-19). Then d (q - 8) = fma(d, 2048 + q,
-      // -2056 d), and fma(d, 128 + q, -136 d): d times each is exact (11
-      // bits by 12, 9 and 5), so the one rounding leaves the exact value, as
-      // the other types' formulas do (ForEachValue).
+      // -2056 d), and fma(d, 128 + q, -136 d): every product of d (11
+      // significant bits) with these (at most 12) is exact, and so is d (q -
+      // 8), so the one rounding leaves it as it is, as in the other types'
+      // formulas (ForEachValue).
       const __m512i mask[2] = {_mm512_set1_epi32(0x0000F000), _mm512_set1_epi32(0x000F0000)};
       const __m512i exponent[2] = {_mm512_set1_epi32(0x45000000), _mm512_set1_epi32(0x43000000)};
       const __m512 c[2] = {_mm512_mul_ps(d[0], _mm512_set1_ps(-2056.0f)),
