@@ -171,12 +171,12 @@ inline __m512 Signed16(const uint8_t* p) {
   return _mm512_cvtepi32_ps(
       _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
-// 16 bytes of nibbles -> rows 0..15 (low nibbles) and 16..31 (high).
+// 16 bytes of nibbles -> rows 0..15 (low nibbles) and 16..31 (high): the
+// bytes widened once, then split in their 32-bit lanes.
 inline void Nibbles16(const uint8_t* p, __m512i out[2]) {
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i mask = _mm_set1_epi8(15);
-  out[0] = _mm512_cvtepu8_epi32(_mm_and_si128(b, mask));
-  out[1] = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), mask));
+  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  out[0] = _mm512_and_si512(v, _mm512_set1_epi32(15));
+  out[1] = _mm512_srli_epi32(v, 4);
 }
 
 template <typename Sink>
