@@ -251,6 +251,11 @@ inline void ForEachValue16(QuantType type, const uint8_t* group, Sink&& sink) {
       break;
     }
     case QuantType::kQ6_K: {
+      // The rotations that bring lane c's two high bits to bits 4-5, for
+      // rows c (from bit 2 (c / 8)) and c + 16 (from 4 + 2 (c / 8)).
+      const __m512i rotate_low = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 4, 4, 4, 4, 4, 4, 4, 4);
+      const __m512i rotate_high =
+          _mm512_set_epi32(30, 30, 30, 30, 30, 30, 30, 30, 0, 0, 0, 0, 0, 0, 0, 0);
       for (int j = 0; j < 16; ++j) {
         __m512 dl[2], c[2];  // fma(dl, q, -32 dl), exact
         for (int i = 0; i < 2; ++i) {
@@ -258,11 +263,26 @@ inline void ForEachValue16(QuantType type, const uint8_t* group, Sink&& sink) {
           c[i] = _mm512_mul_ps(dl[i], _mm512_set1_ps(-32.0f));
         }
         for (int kk = 16 * j; kk < 16 * j + 16; ++kk) {
-          __m128i q[2];
-          Q6Column(group + 576 + kk * 16, group + 576 + 4096 + kk * 8, &q[0], &q[1]);
+          // In 32-bit lanes: lane c holds byte c of the low bits (row c's
+          // low nibble, row c + 16's high one) and byte c % 8 of the high
+          // bits (the 8 bytes twice, widened), whose two bits for row c (at
+          // 2 (c / 8)) and for row c + 16 (at 4 + 2 (c / 8)) a per-lane
+          // rotation brings to bits 4-5.
+          const __m512i low = _mm512_cvtepu8_epi32(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(group + 576 + kk * 16)));
+          int64_t bits;
+          std::memcpy(&bits, group + 576 + 4096 + kk * 8, 8);
+          const __m512i high = _mm512_cvtepu8_epi32(_mm_set1_epi64x(bits));
+          const __m512i two = _mm512_set1_epi32(0x30);
+          const __m512i q[2] = {
+              // (low & 15) | (rotated & 0x30)
+              _mm512_ternarylogic_epi32(low, _mm512_set1_epi32(15),
+                                        _mm512_and_si512(_mm512_rolv_epi32(high, rotate_low), two),
+                                        0xEA),
+              _mm512_or_si512(_mm512_srli_epi32(low, 4),
+                              _mm512_and_si512(_mm512_rolv_epi32(high, rotate_high), two))};
           for (int i = 0; i < 2; ++i) {
-            sink(kk, i,
-                 _mm512_fmadd_ps(dl[i], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q[i])), c[i]));
+            sink(kk, i, _mm512_fmadd_ps(dl[i], _mm512_cvtepi32_ps(q[i]), c[i]));
           }
         }
       }
