@@ -139,7 +139,7 @@ absl::StatusOr<Int8Matrix> Int8Matrix::Pack(const QuantizedMatrix& m) {
   out.type_ = m.type;
   out.rows_ = static_cast<int>(m.rows);
   out.cols_ = static_cast<int>(m.cols);
-  out.blocks_per_header_ = file_block / 32;
+  out.blocks_per_header_ = Int8BlocksPerHeader(m.type);
   out.header_bytes_ = Int8HeaderBytes(m.type);
   out.block_bytes_ = Int8BlockBytes(m.type);
   const int64_t total = out.bytes();

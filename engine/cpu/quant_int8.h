@@ -66,7 +66,11 @@ inline constexpr int kInt8GroupRows = 16;
 inline constexpr int Int8TasksPerThread(int m) { return m == 1 ? 2 : 4; }
 
 // Bytes of a group's header and of one of its blocks in Int8Matrix's layout
-// (below), for each type with int8 kernels.
+// (below), and the blocks of 32 columns under a header (the file's own block:
+// 256 columns for Q4_K and Q6_K), for each type with int8 kernels.
+constexpr int Int8BlocksPerHeader(QuantType type) {
+  return type == QuantType::kQ4_K || type == QuantType::kQ6_K ? 8 : 1;
+}
 constexpr int64_t Int8HeaderBytes(QuantType type) {
   return type == QuantType::kQ4_K ? 64 : type == QuantType::kQ6_K ? 32 : 0;
 }

@@ -115,7 +115,7 @@ template <QuantType kType>
 void Groups(const Int8Rows& x, const Int8Matrix& w, int g0, int g1, float* y, int64_t ldy) {
   // The layout's sizes as constants, for the loops below to unroll.
   constexpr int64_t kBytes = Int8BlockBytes(kType), kHeaderBytes = Int8HeaderBytes(kType);
-  constexpr int kPer = kType == QuantType::kQ4_K || kType == QuantType::kQ6_K ? 8 : 1;
+  constexpr int kPer = Int8BlocksPerHeader(kType);
   const int blocks = w.cols() / 32;
   for (int g = g0; g < g1; ++g) {
     const int j = g * kInt8GroupRows, rows = std::min(kInt8GroupRows, w.rows() - j);

@@ -160,7 +160,7 @@ void GroupRows(const Int8Rows& x, const Int8Matrix& w, const int* gs, int i0, fl
                int64_t ldy) {
   // The layout's sizes as constants, for the loops below to unroll.
   constexpr int64_t kBytes = Int8BlockBytes(kType), kHeaderBytes = Int8HeaderBytes(kType);
-  constexpr int kPer = kType == QuantType::kQ4_K || kType == QuantType::kQ6_K ? 8 : 1;
+  constexpr int kPer = Int8BlocksPerHeader(kType);
   const int blocks = w.cols() / 32;
   __m512 total[kGroups][kTile];
 #pragma GCC unroll 8
