@@ -6,13 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-20}
-build=build-fuzz
-# The engine itself is instrumented too (coverage and sanitizers), so the
-# fuzzer explores it and a bug inside it is caught. The fuzzed loaders run on
-# the CPU: the CUDA backend is left out.
-cmake -S . -B "$build" -DCOALESCE_ENGINE_ONLY=ON -DCOALESCE_FUZZ=ON -DCOALESCE_CUDA=OFF \
-  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=all" >/dev/null
+# The fuzz targets live in the AddressSanitizer build (tools/configure-asan.sh),
+# which tools/sanitize.sh builds whole; alone, this builds only them. The
+# code they feed bytes to (the loaders, tokenizers and chat templates) is
+# compiled with coverage for libFuzzer (engine/CMakeLists.txt). The fuzzed
+# loaders run on the CPU: the CUDA backend is left out.
+build=$(tools/configure-asan.sh)
 targets=$(sed -n 's/^coalesce_fuzzer(\(.*\))$/\1/p' tests/fuzz/CMakeLists.txt)
 cmake --build "$build" -j "$(nproc)" --target $targets
 # One target a core at a time, each with its own log; a failure prints its

@@ -4,10 +4,10 @@
 # unit tests, and the end-to-end tests with the instrumented server under its
 # Python clients (cancellations, deadlines, preemption, a lost device, drain).
 # A memory error, a leak at exit or undefined behaviour fails the run.
-# Built with clang and -Werror=thread-safety: every file compiled here has
-# its thread-safety annotations checked (what tools/thread_safety.sh checks
-# without this build), and clang builds this configuration in well under the
-# time GCC takes.
+# Built with clang and -Werror=thread-safety (tools/configure-asan.sh): every
+# file compiled here has its thread-safety annotations checked (what
+# tools/thread_safety.sh checks without this build), and clang builds this
+# configuration in well under the time GCC takes.
 #   tools/sanitize.sh [ctest arguments]
 # Left out: the CUDA backend (no GPU here: its tests only skip), tests that
 # run no C++ of ours or only repeat what these cover (formatting, deployment
@@ -18,16 +18,9 @@
 # memory (up to 256 MiB) would fail by design.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=build-asan
-python=${COALESCE_PYTHON:-$(tools/make-venv.sh build/venv)}
-# -O1 -g1: what AddressSanitizer recommends, and line tables are all its
-# reports need; both compile much faster than -O2 -g.
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOALESCE_CUDA=OFF \
-  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
-  -DCOALESCE_PYTHON="$python" \
-  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -Wthread-safety -Werror=thread-safety" \
-  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
+export COALESCE_PYTHON=${COALESCE_PYTHON:-$(tools/make-venv.sh build/venv)}
+build=$(tools/configure-asan.sh)
+# Everything, the fuzz targets included (tools/fuzz.sh runs them).
 cmake --build "$build" -j "$(nproc)"
 cd "$build"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
