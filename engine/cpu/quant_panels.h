@@ -314,9 +314,13 @@ void UnpackGroups(QuantType type, const uint8_t* group, int groups, int64_t grou
 // Runs of panels that one row of X reads in lockstep (QuantMatvecPanels): a
 // core keeps more reads in flight over several sequential streams than over
 // one. With four, coalesce-quant-bench --rows=1 --int8=false timed Q8_0,
-// Q4_0 and Q4_1 19-30% faster than with one; Q4_K and Q6_K, bound by their
-// instructions, the same.
+// Q4_0 and Q4_1 in 13-23% less time than with one (docs/performance.md);
+// Q4_K and Q6_K, bound by their instructions, in 4-10% more, so they read
+// one.
 inline constexpr int kMatvecRuns = 4;
+inline int MatvecRunsFor(QuantType type) {
+  return type == QuantType::kQ4_K || type == QuantType::kQ6_K ? 1 : kMatvecRuns;
+}
 
 // Panels ps[0 .. kRuns) against one row of X, group by group in lockstep:
 // each weight goes from its block straight into its output's chain, y[j] =
@@ -375,8 +379,8 @@ void MatvecRuns(const float* x, const PackedMatrix& w, const int* ps, float* y,
 }
 
 // One row of X against panels [p0, p1) (a decode step of one sequence,
-// bound by reading the blocks): kMatvecRuns runs of consecutive panels, the
-// t-th panel of each together (MatvecRuns).
+// bound by reading the blocks): MatvecRunsFor(type) runs of consecutive
+// panels, the t-th panel of each together (MatvecRuns).
 template <typename Kernel>
 void QuantMatvecPanels(const float* x, const PackedMatrix& w, int p0, int p1, float* y) {
   // Each group asks for the bytes `ahead` of it (the panels of a run lie one
@@ -391,11 +395,12 @@ void QuantMatvecPanels(const float* x, const PackedMatrix& w, int p0, int p1, fl
     }
   };
   static_assert(kMatvecRuns == 4);
-  const int n = p1 - p0, per = (n + kMatvecRuns - 1) / kMatvecRuns;
+  const int runs = MatvecRunsFor(w.type());
+  const int n = p1 - p0, per = (n + runs - 1) / runs;
   for (int t = 0; t < per; ++t) {
     int ps[kMatvecRuns];
     int count = 0;
-    for (int s = 0; s < kMatvecRuns; ++s) {
+    for (int s = 0; s < runs; ++s) {
       if (s * per + t < n) ps[count++] = p0 + s * per + t;
     }
     switch (count) {
