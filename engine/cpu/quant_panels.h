@@ -316,10 +316,15 @@ void UnpackGroups(QuantType type, const uint8_t* group, int groups, int64_t grou
 // one. With four, coalesce-quant-bench --rows=1 --int8=false timed Q8_0,
 // Q4_0 and Q4_1 in 13-23% less time than with one (docs/performance.md);
 // Q4_K and Q6_K, bound by their instructions, in 4-10% more, so they read
-// one.
+// one. So does AVX2, whose 16 registers would not hold four runs' sums.
 inline constexpr int kMatvecRuns = 4;
 inline int MatvecRunsFor(QuantType type) {
+#ifdef __AVX512F__
   return type == QuantType::kQ4_K || type == QuantType::kQ6_K ? 1 : kMatvecRuns;
+#else
+  (void)type;
+  return 1;
+#endif
 }
 
 // Panels ps[0 .. kRuns) against one row of X, group by group in lockstep:
