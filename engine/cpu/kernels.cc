@@ -108,6 +108,27 @@ struct Avx2Kernel {
   }
 };
 
+// Columns k0..k0+7 of 8 rows: c[i] holds the 8 rows' values at k0 + i.
+// Rows r and r + 4 share a vector (low and high 128 bits), so each half is a
+// 4x4 transpose within the 128-bit lanes: 16 shuffles for 64 values.
+inline void ColumnsOf8Rows(const float* const rows[8], int64_t k0, __m256 c[8]) {
+  for (int h = 0; h < 2; ++h) {
+    __m256 t[4];
+    for (int i = 0; i < 4; ++i) {
+      t[i] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(rows[i] + k0 + 4 * h)),
+                                  _mm_loadu_ps(rows[i + 4] + k0 + 4 * h), 1);
+    }
+    const __m256 a = _mm256_unpacklo_ps(t[0], t[1]);  // rows 0, 1 at k 0, 1 (lane: +4)
+    const __m256 b = _mm256_unpackhi_ps(t[0], t[1]);  // rows 0, 1 at k 2, 3
+    const __m256 e = _mm256_unpacklo_ps(t[2], t[3]);  // rows 2, 3 at k 0, 1
+    const __m256 f = _mm256_unpackhi_ps(t[2], t[3]);  // rows 2, 3 at k 2, 3
+    c[4 * h + 0] = _mm256_shuffle_ps(a, e, _MM_SHUFFLE(1, 0, 1, 0));
+    c[4 * h + 1] = _mm256_shuffle_ps(a, e, _MM_SHUFFLE(3, 2, 3, 2));
+    c[4 * h + 2] = _mm256_shuffle_ps(b, f, _MM_SHUFFLE(1, 0, 1, 0));
+    c[4 * h + 3] = _mm256_shuffle_ps(b, f, _MM_SHUFFLE(3, 2, 3, 2));
+  }
+}
+
 MatmulPanelsFn ChosenKernel(MatmulIsa isa) {
   return isa == MatmulIsa::kAvx512 ? MatmulPanelsAvx512 : MatmulPanelsAvx2;
 }
@@ -122,6 +143,54 @@ void MatmulPanelsAvx2(const float* x, int64_t ldx, int m, const float* w, int n,
 void QuantMatmulPanelsAvx2(const float* x, int64_t ldx, int m, const PackedMatrix& w, int p0,
                            int p1, float* y, int64_t ldy) {
   QuantMatmulPanelsWith<Avx2Kernel>(x, ldx, m, w, p0, p1, y, ldy);
+}
+
+void MatvecAvx2(const float* x, const float* w, int n, int j0, int j1, int k, float* y) {
+  // 32 rows at a time: four groups of 8, each one chain (one vector of 8
+  // outputs), so four chains hide the multiply-add's latency. No software
+  // prefetch: on an AVX2-only AMD EPYC, asking for the next block's rows as
+  // MatvecAvx512 does, or each row's own continuation, made the product
+  // slower, in memory and in cache (docs/performance.md).
+  constexpr int kRows = 32, kGroups = kRows / 8;
+  for (int j = j0; j < j1; j += kRows) {
+    const int rows = std::min(kRows, n - j);
+    // Rows past the matrix's end read its last row again; their lanes are
+    // never stored.
+    const float* row[kRows];
+    for (int i = 0; i < kRows; ++i) row[i] = w + (int64_t{j} + std::min(i, rows - 1)) * k;
+    __m256 acc[kGroups];
+    for (__m256& a : acc) a = _mm256_setzero_ps();
+    // The 8 columns from k0 on (the first nk of them) into every chain.
+    auto step = [&](const float* const* rows8, int64_t at, const float* xk, int nk) {
+#pragma GCC unroll 4
+      for (int g = 0; g < kGroups; ++g) {
+        __m256 c[8];
+        ColumnsOf8Rows(rows8 + 8 * g, at, c);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) {
+          if (i < nk) acc[g] = _mm256_fmadd_ps(c[i], _mm256_broadcast_ss(xk + i), acc[g]);
+        }
+      }
+    };
+    int k0 = 0;
+    for (; k0 + 8 <= k; k0 += 8) {
+      step(row, k0, x + k0, 8);
+    }
+    if (k0 < k) {
+      // The last k % 8 columns, through a zero-padded copy.
+      const int nk = k - k0;
+      alignas(32) float tail[kRows][8] = {};
+      const float* tail_rows[kRows];
+      for (int i = 0; i < kRows; ++i) {
+        std::memcpy(tail[i], row[i] + k0, sizeof(float) * nk);
+        tail_rows[i] = tail[i];
+      }
+      step(tail_rows, 0, x + k0, nk);
+    }
+    for (int g = 0; g * 8 < rows; ++g) {
+      _mm256_maskstore_ps(y + j + 8 * g, FirstLanes(rows - 8 * g), acc[g]);
+    }
+  }
 }
 
 MatmulIsa BestMatmulIsa() {
@@ -199,8 +268,8 @@ bool MatmulSplitsRows(int m, MatmulIsa isa) {
 
 void MatmulRows(const float* x, int64_t ldx, int m, const float* w, int n, int k, int j0, int j1,
                 float* y, int64_t ldy, MatmulIsa isa) {
-  if (isa == MatmulIsa::kAvx512 && m == 1) {
-    MatvecAvx512(x, w, n, j0, j1, k, y);
+  if (m == 1) {
+    (isa == MatmulIsa::kAvx512 ? MatvecAvx512 : MatvecAvx2)(x, w, n, j0, j1, k, y);
   } else {
     ChosenKernel(isa)(x, ldx, m, w, n, j0, j1, k, y, ldy);
   }
