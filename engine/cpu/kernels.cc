@@ -145,50 +145,97 @@ void QuantMatmulPanelsAvx2(const float* x, int64_t ldx, int m, const PackedMatri
   QuantMatmulPanelsWith<Avx2Kernel>(x, ldx, m, w, p0, p1, y, ldy);
 }
 
-void MatvecAvx2(const float* x, const float* w, int n, int j0, int j1, int k, float* y) {
-  // 32 rows at a time: four groups of 8, each one chain (one vector of 8
-  // outputs), so four chains hide the multiply-add's latency. No software
-  // prefetch: on an AVX2-only AMD EPYC, asking for the next block's rows as
-  // MatvecAvx512 does, or each row's own continuation, made the product
-  // slower, in memory and in cache (docs/performance.md).
-  constexpr int kRows = 32, kGroups = kRows / 8;
-  for (int j = j0; j < j1; j += kRows) {
-    const int rows = std::min(kRows, n - j);
-    // Rows past the matrix's end read its last row again; their lanes are
-    // never stored.
-    const float* row[kRows];
-    for (int i = 0; i < kRows; ++i) row[i] = w + (int64_t{j} + std::min(i, rows - 1)) * k;
-    __m256 acc[kGroups];
-    for (__m256& a : acc) a = _mm256_setzero_ps();
-    // The 8 columns from k0 on (the first nk of them) into every chain.
-    auto step = [&](const float* const* rows8, int64_t at, const float* xk, int nk) {
+namespace {
+
+// Rows of W, 8 * G of them through `row` (row[i] its start; `rows` of them
+// real, the rest repeating the last and never stored), against R rows of X:
+// y[r, i] for i < rows. Each group of 8 rows is one vector of outputs for
+// each row of X, and its columns, transposed in registers, serve all R.
+template <int R, int G>
+void RowsOfWAgainstFewX(const float* x, int64_t ldx, const float* const* row, int rows, int k,
+                        float* y, int64_t ldy) {
+  __m256 acc[G][R];
+  for (auto& a : acc) {
+    for (__m256& v : a) v = _mm256_setzero_ps();
+  }
+  // The 8 columns from k0 on (the first nk of them) into every chain.
+  auto step = [&](const float* const* rows8, int64_t at, int k0, int nk) {
 #pragma GCC unroll 4
-      for (int g = 0; g < kGroups; ++g) {
-        __m256 c[8];
-        ColumnsOf8Rows(rows8 + 8 * g, at, c);
+    for (int g = 0; g < G; ++g) {
+      __m256 c[8];
+      ColumnsOf8Rows(rows8 + 8 * g, at, c);
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; ++i) {
-          if (i < nk) acc[g] = _mm256_fmadd_ps(c[i], _mm256_broadcast_ss(xk + i), acc[g]);
+      for (int i = 0; i < 8; ++i) {
+        if (i >= nk) break;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          acc[g][r] = _mm256_fmadd_ps(c[i], _mm256_broadcast_ss(x + r * ldx + k0 + i), acc[g][r]);
         }
       }
-    };
-    int k0 = 0;
-    for (; k0 + 8 <= k; k0 += 8) {
-      step(row, k0, x + k0, 8);
     }
-    if (k0 < k) {
-      // The last k % 8 columns, through a zero-padded copy.
-      const int nk = k - k0;
-      alignas(32) float tail[kRows][8] = {};
-      const float* tail_rows[kRows];
-      for (int i = 0; i < kRows; ++i) {
-        std::memcpy(tail[i], row[i] + k0, sizeof(float) * nk);
-        tail_rows[i] = tail[i];
+  };
+  int k0 = 0;
+  for (; k0 + 8 <= k; k0 += 8) step(row, k0, k0, 8);
+  if (k0 < k) {
+    // The last k % 8 columns, through a zero-padded copy.
+    const int nk = k - k0;
+    alignas(32) float tail[8 * G][8] = {};
+    const float* tail_rows[8 * G];
+    for (int i = 0; i < 8 * G; ++i) {
+      std::memcpy(tail[i], row[i] + k0, sizeof(float) * nk);
+      tail_rows[i] = tail[i];
+    }
+    step(tail_rows, 0, k0, nk);
+  }
+  for (int g = 0; g < G && 8 * g < rows; ++g) {
+    for (int r = 0; r < R; ++r) {
+      _mm256_maskstore_ps(y + r * ldy + 8 * g, FirstLanes(rows - 8 * g), acc[g][r]);
+    }
+  }
+}
+
+}  // namespace
+
+// Rows of X up to which AVX2 reads W straight (MatmulFewRowsAvx2) rather
+// than packing it into panels: with 6 and 8 rows, coalesce-engine-bench on
+// synthetic:110m stepped no faster that way (it reads W from cache once per
+// 4 rows of X), with 1 to 4, in about a quarter less time.
+constexpr int kMaxFewRowsAvx2 = 4;
+
+void MatmulFewRowsAvx2(const float* x, int64_t ldx, int m, const float* w, int n, int j0, int j1,
+                       int k, float* y, int64_t ldy) {
+  // 32 rows of W at a time, read straight from the matrix, against up to 4
+  // rows of X at a time: four groups of 8 rows for one or two rows of X,
+  // two for three or four (8 chains at most, in 16 registers with the
+  // columns). Each output is one chain, so four to eight chains hide the
+  // multiply-add's latency. No software prefetch: on an AVX2-only AMD EPYC,
+  // asking for the next block's rows as MatvecAvx512 does, or each row's
+  // own continuation, made the product slower, in memory and in cache
+  // (docs/performance.md).
+  constexpr int kRows = 32;
+  for (int j = j0; j < j1; j += kRows) {
+    const int rows = std::min(kRows, n - j);
+    const float* row[kRows];
+    for (int i = 0; i < kRows; ++i) row[i] = w + (int64_t{j} + std::min(i, rows - 1)) * k;
+    for (int i = 0; i < m;) {
+      const int r = std::min(4, m - i);
+      const float* xi = x + i * ldx;
+      float* yi = y + i * ldy + j;
+      switch (r) {
+        case 1:
+          RowsOfWAgainstFewX<1, 4>(xi, ldx, row, rows, k, yi, ldy);
+          break;
+        case 2:
+          RowsOfWAgainstFewX<2, 4>(xi, ldx, row, rows, k, yi, ldy);
+          break;
+        default:
+          for (int h = 0; h < 2 && 16 * h < rows; ++h) {
+            (r == 3 ? RowsOfWAgainstFewX<3, 2> : RowsOfWAgainstFewX<4, 2>)(xi, ldx, row + 16 * h,
+                                                                           rows - 16 * h, k,
+                                                                           yi + 16 * h, ldy);
+          }
       }
-      step(tail_rows, 0, x + k0, nk);
-    }
-    for (int g = 0; g * 8 < rows; ++g) {
-      _mm256_maskstore_ps(y + j + 8 * g, FirstLanes(rows - 8 * g), acc[g]);
+      i += r;
     }
   }
 }
@@ -268,8 +315,10 @@ bool MatmulSplitsRows(int m, MatmulIsa isa) {
 
 void MatmulRows(const float* x, int64_t ldx, int m, const float* w, int n, int k, int j0, int j1,
                 float* y, int64_t ldy, MatmulIsa isa) {
-  if (m == 1) {
-    (isa == MatmulIsa::kAvx512 ? MatvecAvx512 : MatvecAvx2)(x, w, n, j0, j1, k, y);
+  if (isa == MatmulIsa::kAvx512 && m == 1) {
+    MatvecAvx512(x, w, n, j0, j1, k, y);
+  } else if (isa == MatmulIsa::kAvx2 && m <= kMaxFewRowsAvx2) {
+    MatmulFewRowsAvx2(x, ldx, m, w, n, j0, j1, k, y, ldy);
   } else {
     ChosenKernel(isa)(x, ldx, m, w, n, j0, j1, k, y, ldy);
   }
