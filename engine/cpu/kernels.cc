@@ -147,30 +147,31 @@ void QuantMatmulPanelsAvx2(const float* x, int64_t ldx, int m, const PackedMatri
 
 namespace {
 
-// Rows of W, 8 * G of them through `row` (row[i] its start; `rows` of them
-// real, the rest repeating the last and never stored), against R rows of X:
-// y[r, i] for i < rows. Each group of 8 rows is one vector of outputs for
-// each row of X, and its columns, transposed in registers, serve all R.
-template <int R, int G>
-void RowsOfWAgainstFewX(const float* x, int64_t ldx, const float* const* row, int rows, int k,
-                        float* y, int64_t ldy) {
-  __m256 acc[G][R];
-  for (auto& a : acc) {
-    for (__m256& v : a) v = _mm256_setzero_ps();
-  }
+// Rows of X up to which AVX2 reads W straight (MatmulFewRowsAvx2) rather
+// than packing it into panels: with 6 and 8 rows, coalesce-engine-bench on
+// synthetic:110m stepped no faster that way (it reads W from cache once per
+// 4 rows of X), with 1 to 4, in about a quarter less time.
+constexpr int kMaxFewRowsAvx2 = 4;
+
+// 8 rows of W (row[i] the start of row i; `rows` of them real, the rest
+// repeating the last and never stored) against R rows of X: y[r, i] for
+// i < rows. The 8 rows are one vector of outputs for each row of X, and
+// each 8 columns of them, transposed in registers, serve all R.
+template <int R>
+void EightRowsOfWAgainstFewX(const float* x, int64_t ldx, const float* const row[8], int rows,
+                             int k, float* y, int64_t ldy) {
+  __m256 acc[R];
+  for (__m256& v : acc) v = _mm256_setzero_ps();
   // The 8 columns from k0 on (the first nk of them) into every chain.
   auto step = [&](const float* const* rows8, int64_t at, int k0, int nk) {
-#pragma GCC unroll 4
-    for (int g = 0; g < G; ++g) {
-      __m256 c[8];
-      ColumnsOf8Rows(rows8 + 8 * g, at, c);
+    __m256 c[8];
+    ColumnsOf8Rows(rows8, at, c);
 #pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i) {
-        if (i >= nk) break;
+    for (int i = 0; i < 8; ++i) {
+      if (i >= nk) break;
 #pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) {
-          acc[g][r] = _mm256_fmadd_ps(c[i], _mm256_broadcast_ss(x + r * ldx + k0 + i), acc[g][r]);
-        }
+      for (int r = 0; r < R; ++r) {
+        acc[r] = _mm256_fmadd_ps(c[i], _mm256_broadcast_ss(x + r * ldx + k0 + i), acc[r]);
       }
     }
   };
@@ -179,61 +180,48 @@ void RowsOfWAgainstFewX(const float* x, int64_t ldx, const float* const* row, in
   if (k0 < k) {
     // The last k % 8 columns, through a zero-padded copy.
     const int nk = k - k0;
-    alignas(32) float tail[8 * G][8] = {};
-    const float* tail_rows[8 * G];
-    for (int i = 0; i < 8 * G; ++i) {
+    alignas(32) float tail[8][8] = {};
+    const float* tail_rows[8];
+    for (int i = 0; i < 8; ++i) {
       std::memcpy(tail[i], row[i] + k0, sizeof(float) * nk);
       tail_rows[i] = tail[i];
     }
     step(tail_rows, 0, k0, nk);
   }
-  for (int g = 0; g < G && 8 * g < rows; ++g) {
-    for (int r = 0; r < R; ++r) {
-      _mm256_maskstore_ps(y + r * ldy + 8 * g, FirstLanes(rows - 8 * g), acc[g][r]);
-    }
-  }
+  for (int r = 0; r < R; ++r) _mm256_maskstore_ps(y + r * ldy, FirstLanes(rows), acc[r]);
 }
 
 }  // namespace
 
-// Rows of X up to which AVX2 reads W straight (MatmulFewRowsAvx2) rather
-// than packing it into panels: with 6 and 8 rows, coalesce-engine-bench on
-// synthetic:110m stepped no faster that way (it reads W from cache once per
-// 4 rows of X), with 1 to 4, in about a quarter less time.
-constexpr int kMaxFewRowsAvx2 = 4;
-
 void MatmulFewRowsAvx2(const float* x, int64_t ldx, int m, const float* w, int n, int j0, int j1,
                        int k, float* y, int64_t ldy) {
-  // 32 rows of W at a time, read straight from the matrix, against up to 4
-  // rows of X at a time: four groups of 8 rows for one or two rows of X,
-  // two for three or four (8 chains at most, in 16 registers with the
-  // columns). Each output is one chain, so four to eight chains hide the
-  // multiply-add's latency. No software prefetch: on an AVX2-only AMD EPYC,
-  // asking for the next block's rows as MatvecAvx512 does, or each row's
-  // own continuation, made the product slower, in memory and in cache
-  // (docs/performance.md).
-  constexpr int kRows = 32;
-  for (int j = j0; j < j1; j += kRows) {
-    const int rows = std::min(kRows, n - j);
-    const float* row[kRows];
-    for (int i = 0; i < kRows; ++i) row[i] = w + (int64_t{j} + std::min(i, rows - 1)) * k;
+  // 8 rows of W at a time, read straight from the matrix, against up to 4
+  // rows of X at a time: one chain per row of X, 8 streams from memory a
+  // thread. No software prefetch. On an AVX2-only AMD EPYC, 16 or 32 rows
+  // at a time (two or four chains for one row of X, a faster kernel in
+  // cache) read memory slower, and asking for the next rows ahead, as
+  // MatvecAvx512 does, or each row's own continuation, made the product
+  // slower still (docs/performance.md).
+  for (int j = j0; j < j1; j += 8) {
+    const int rows = std::min(8, n - j);
+    const float* row[8];
+    for (int i = 0; i < 8; ++i) row[i] = w + (int64_t{j} + std::min(i, rows - 1)) * k;
     for (int i = 0; i < m;) {
       const int r = std::min(4, m - i);
       const float* xi = x + i * ldx;
       float* yi = y + i * ldy + j;
       switch (r) {
         case 1:
-          RowsOfWAgainstFewX<1, 4>(xi, ldx, row, rows, k, yi, ldy);
+          EightRowsOfWAgainstFewX<1>(xi, ldx, row, rows, k, yi, ldy);
           break;
         case 2:
-          RowsOfWAgainstFewX<2, 4>(xi, ldx, row, rows, k, yi, ldy);
+          EightRowsOfWAgainstFewX<2>(xi, ldx, row, rows, k, yi, ldy);
+          break;
+        case 3:
+          EightRowsOfWAgainstFewX<3>(xi, ldx, row, rows, k, yi, ldy);
           break;
         default:
-          for (int h = 0; h < 2 && 16 * h < rows; ++h) {
-            (r == 3 ? RowsOfWAgainstFewX<3, 2> : RowsOfWAgainstFewX<4, 2>)(xi, ldx, row + 16 * h,
-                                                                           rows - 16 * h, k,
-                                                                           yi + 16 * h, ldy);
-          }
+          EightRowsOfWAgainstFewX<4>(xi, ldx, row, rows, k, yi, ldy);
       }
       i += r;
     }

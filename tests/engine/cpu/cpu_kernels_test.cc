@@ -51,8 +51,8 @@ struct Shape {
 // the row; one row of X (AVX-512's matrix-vector kernel: 16 rows of W at a
 // time, k in steps of 16, prefetching 512 values ahead) with rows of W and
 // k around those; and one to four rows of X (AVX2 reads W straight for
-// those: 32 rows at a time in groups of 8, k in steps of 8, X rows in
-// chunks of up to 4) with rows of W around 8, 16 and 32 and k around 8.
+// those: 8 rows at a time, k in steps of 8) with rows of W around 8, 16
+// and 32 and k around 8.
 const Shape kShapes[] = {
     {1, 1, 1},      {1, 33, 7},      {2, 31, 17},   {5, 32, 64},    {6, 65, 100},   {7, 47, 1023},
     {11, 64, 1024}, {12, 96, 1025},  {13, 100, 33}, {25, 70, 2100}, {48, 7, 40},    {64, 130, 288},
