@@ -147,11 +147,16 @@ void QuantMatmulPanelsAvx2(const float* x, int64_t ldx, int m, const PackedMatri
 
 namespace {
 
-// Rows of X up to which AVX2 reads W straight (MatmulFewRowsAvx2) rather
-// than packing it into panels: with 6 and 8 rows, coalesce-engine-bench on
-// synthetic:110m stepped no faster that way (it reads W from cache once per
-// 4 rows of X), with 1 to 4, in about a quarter less time.
-constexpr int kMaxFewRowsAvx2 = 4;
+// Rows of X that share one pass over W's rows (one chain each, in 16
+// registers with the transposed columns; with 6 to 8 the sums spilled to
+// memory and the pass took twice as long).
+constexpr int kMaxPassRows = 5;
+// Rows of X up to which AVX2 reads W straight (MatmulFewRowsAvx2), in
+// passes of up to kMaxPassRows over each 8 rows of W (the later ones from
+// cache), rather than packing W into panels for the tile kernel: on an
+// AVX2-only AMD EPYC, coalesce-quant-bench --types=fp32 timed 1 to 12 rows
+// in 8% to 45% less time that way, and 16 in about the same.
+constexpr int kMaxFewRowsAvx2 = 12;
 
 // 8 rows of W (row[i] the start of row i; `rows` of them real, the rest
 // repeating the last and never stored) against R rows of X: y[r, i] for
@@ -195,7 +200,7 @@ void EightRowsOfWAgainstFewX(const float* x, int64_t ldx, const float* const row
 
 void MatmulFewRowsAvx2(const float* x, int64_t ldx, int m, const float* w, int n, int j0, int j1,
                        int k, float* y, int64_t ldy) {
-  // 8 rows of W at a time, read straight from the matrix, against up to 4
+  // 8 rows of W at a time, read straight from the matrix, against up to 5
   // rows of X at a time: one chain per row of X, 8 streams from memory a
   // thread. No software prefetch. On an AVX2-only AMD EPYC, 16 or 32 rows
   // at a time (two or four chains for one row of X, a faster kernel in
@@ -206,8 +211,11 @@ void MatmulFewRowsAvx2(const float* x, int64_t ldx, int m, const float* w, int n
     const int rows = std::min(8, n - j);
     const float* row[8];
     for (int i = 0; i < 8; ++i) row[i] = w + (int64_t{j} + std::min(i, rows - 1)) * k;
-    for (int i = 0; i < m;) {
-      const int r = std::min(4, m - i);
+    // The rows of X in as few passes of up to kMaxPassRows as there can
+    // be, of about equal size.
+    const int passes = (m + kMaxPassRows - 1) / kMaxPassRows;
+    for (int i = 0, pass = 0; i < m; ++pass) {
+      const int r = (m - i + (passes - pass) - 1) / (passes - pass);
       const float* xi = x + i * ldx;
       float* yi = y + i * ldy + j;
       switch (r) {
@@ -220,8 +228,11 @@ void MatmulFewRowsAvx2(const float* x, int64_t ldx, int m, const float* w, int n
         case 3:
           EightRowsOfWAgainstFewX<3>(xi, ldx, row, rows, k, yi, ldy);
           break;
-        default:
+        case 4:
           EightRowsOfWAgainstFewX<4>(xi, ldx, row, rows, k, yi, ldy);
+          break;
+        default:
+          EightRowsOfWAgainstFewX<5>(xi, ldx, row, rows, k, yi, ldy);
       }
       i += r;
     }

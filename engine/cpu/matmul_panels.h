@@ -63,8 +63,8 @@ void MatmulTokensAvx512(const float* xt, int64_t ldxt, int m, const float* w, in
 void MatvecAvx512(const float* x, const float* w, int n, int j0, int j1, int k, float* y);
 // A few rows of X with AVX2 (j0 a multiple of 8): rows [j0, j1) of W read
 // straight from W, 8 at a time, each 8 values of k of the 8 rows
-// transposed in registers and used by up to 4 rows of X: the same bits
-// again.
+// transposed in registers and used by up to 5 rows of X at a time: the
+// same bits again.
 void MatmulFewRowsAvx2(const float* x, int64_t ldx, int m, const float* w, int n, int j0, int j1,
                        int k, float* y, int64_t ldy);
 

@@ -50,15 +50,15 @@ struct Shape {
 // k around the 1024-value block (and k = 1), and a row stride wider than
 // the row; one row of X (AVX-512's matrix-vector kernel: 16 rows of W at a
 // time, k in steps of 16, prefetching 512 values ahead) with rows of W and
-// k around those; and one to four rows of X (AVX2 reads W straight for
-// those: 8 rows at a time, k in steps of 8) with rows of W around 8, 16
-// and 32 and k around 8.
+// k around those; and up to 12 rows of X (AVX2 reads W straight for
+// those: 8 rows at a time, k in steps of 8, in passes of up to 5 rows of
+// X) with rows of W around 8, 16 and 32 and k around 8.
 const Shape kShapes[] = {
     {1, 1, 1},      {1, 33, 7},      {2, 31, 17},   {5, 32, 64},    {6, 65, 100},   {7, 47, 1023},
     {11, 64, 1024}, {12, 96, 1025},  {13, 100, 33}, {25, 70, 2100}, {48, 7, 40},    {64, 130, 288},
     {70, 29, 515},  {130, 45, 1025}, {1, 16, 16},   {1, 47, 529},   {1, 100, 2100}, {1, 64, 1024},
     {1, 31, 13},    {1, 97, 776},    {1, 200, 9},   {3, 70, 9},     {4, 97, 776},   {3, 15, 40},
-    {4, 17, 3},     {2, 8, 8}};
+    {4, 17, 3},     {2, 8, 8},       {10, 9, 15},   {9, 33, 24}};
 
 void CheckAgainstReference(MatmulIsa isa, int threads) {
   ThreadPool pool(threads);
