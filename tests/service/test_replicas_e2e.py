@@ -79,16 +79,18 @@ def test_round_robin_spreads_calls_and_a_drained_replica_fails_nothing(pb, golde
 
         # 2. Load from six threads; SIGTERM replica 0 in the middle of it.
         stop = threading.Event()
-        failures, done = [], [0]
+        # Calls that began after the signal and succeeded.
+        failures, begun_after = [], [0]
         t_signal = [float("inf")]
         lock = threading.Lock()
 
         def load():
             while not stop.is_set():
                 try:
+                    t_call = time.monotonic()
                     call(100)
                     with lock:
-                        done[0] += 1
+                        begun_after[0] += t_call > t_signal[0]
                 except Exception as e:  # any failure fails the test
                     with lock:
                         since = time.monotonic() - t_signal[0]
@@ -104,7 +106,10 @@ def test_round_robin_spreads_calls_and_a_drained_replica_fails_nothing(pb, golde
         servers[0].proc.send_signal(signal.SIGTERM)
         t_signal[0] = time.monotonic()
         before = [ok_count(c) for c in clients[1:]]
+        # Load goes on for 2 s of the drain, and until the six threads have
+        # made six calls since the signal, however fast the replicas run.
         time.sleep(2.0)
+        wait_for(lambda: begun_after[0] >= 6 or failures, 60)
         stop.set()
         for t in threads:
             t.join(60)
@@ -118,7 +123,7 @@ def test_round_robin_spreads_calls_and_a_drained_replica_fails_nothing(pb, golde
         # After the signal, the other two took the new calls.
         after = [ok_count(c) for c in clients[1:]]
         assert all(a > b for a, b in zip(after, before)), (before, after)
-        assert done[0] > 6
+        assert begun_after[0] >= 6, begun_after
     finally:
         if channel is not None:
             channel.close()

@@ -224,12 +224,13 @@ def test_no_key_reaches_the_log(srv):
 
 def test_a_priority_above_the_tenant_s_maximum_is_capped(pb, keys_file):
     """One slot: a long request holds it while `other` (priority 0) and then
-    alpha (asking 10, capped to 0) wait, each for 40 tokens; first come,
-    first served admits `other` first, and alpha only once it has finished.
-    Uncapped, alpha's 10 would go first. Order by each call's first token
-    (a client may take longer to read a long stream than the server takes
-    to run the next one)."""
-    # synthetic:15m: slow enough that the holder outlasts the two arrivals.
+    alpha (asking 10, capped to 0) wait, each for 40 tokens; once both wait,
+    the holder is cancelled. First come, first served admits `other` first,
+    and alpha only once it has finished. Uncapped, alpha's 10 would go first.
+    Order by each call's first token (a client may take longer to read a long
+    stream than the server takes to run the next one). Nothing here depends
+    on how fast the server generates: the holder asks for more tokens than it
+    could make before the arrivals wait, and stops when they do."""
     server = Server(["--api_keys_file=" + keys_file, "--batch_window=0", "--max_batch_size=1"],
                     model_flags=["--model=synthetic:15m"])
     try:
@@ -249,17 +250,31 @@ def test_a_priority_above_the_tenant_s_maximum_is_capped(pb, keys_file):
                 first_token[name] = start + res.times[0]
             c.close()
 
-        holder = threading.Thread(target=run, args=("beta", 500, 0))
-        holder.start()
-        assert wait_for(lambda: gauge("coalesce_requests_running") == 1, 30)
+        holder_client = as_tenant(Client(server).bind(pb), "beta")
+        r = holder_client.request(ids=PROMPT, max_new_tokens=2000)
+        r.sampling.ignore_eos = True
+        holder = holder_client.generate_call(r)
+        next(holder)  # its first token: it holds the one slot
+        first_token["beta"] = time.monotonic()
+        assert gauge("coalesce_requests_running") == 1
         first = threading.Thread(target=run, args=("other", 40, 0))
         first.start()
         assert wait_for(lambda: gauge("coalesce_requests_waiting") == 1, 30)
         second = threading.Thread(target=run, args=("alpha", 40, 10))
         second.start()
-        for t in (holder, first, second):
+        assert wait_for(lambda: gauge("coalesce_requests_waiting") == 2, 30)
+        # Both wait while the holder is still running (had it finished, one
+        # of them would have been admitted and the gauge never shown 2).
+        holder.cancel()
+        with pytest.raises(grpc.RpcError) as cancelled:
+            for _ in holder:
+                pass
+        assert cancelled.value.code() == grpc.StatusCode.CANCELLED
+        holder_client.close()
+        for t in (first, second):
             t.join()
         assert all(r.code is None for r in results.values()), results
+        assert all(len(r.ids) == 40 for r in results.values()), results
         assert first_token["beta"] < first_token["other"] < first_token["alpha"], first_token
     finally:
         server.kill()
