@@ -313,17 +313,20 @@ void UnpackGroups(QuantType type, const uint8_t* group, int groups, int64_t grou
 
 // Runs of panels that one row of X reads in lockstep (QuantMatvecPanels): a
 // core keeps more reads in flight over several sequential streams than over
-// one. With four, coalesce-quant-bench --rows=1 --int8=false timed Q8_0,
-// Q4_0 and Q4_1 in 13-23% less time than with one (docs/performance.md);
-// Q4_K and Q6_K, bound by their instructions, in 4-10% more, so they read
-// one. So does AVX2, whose 16 registers would not hold four runs' sums.
+// one, and more chains hide the FMAs' latency. With AVX-512 and four runs,
+// coalesce-quant-bench --rows=1 --int8=false timed Q8_0, Q4_0 and Q4_1 in
+// 13-23% less time than with one (docs/performance.md); Q4_K and Q6_K,
+// bound by their instructions, in 4-10% more, so they read one. With AVX2
+// (16 registers: a run's sums take four) Q8_0 reads two: on an AMD EPYC it
+// reached 85% of its floor against 77% with one, in the mean of six runs
+// of each; Q4_0 and Q4_1 ran the same with two, and three or four runs
+// spilled and ran slower.
 inline constexpr int kMatvecRuns = 4;
 inline int MatvecRunsFor(QuantType type) {
 #ifdef __AVX512F__
   return type == QuantType::kQ4_K || type == QuantType::kQ6_K ? 1 : kMatvecRuns;
 #else
-  (void)type;
-  return 1;
+  return type == QuantType::kQ8_0 ? 2 : 1;
 #endif
 }
 
