@@ -168,7 +168,7 @@ void Groups(const Int8Rows& x, const Int8Matrix& w, int g0, int g1, float* y, in
     // One row: the thread's groups as two runs side by side (its first
     // half and its second), two streams from memory. On a 2-core AMD EPYC
     // (AVX2), `coalesce-quant-bench --rows=1` at 110M, six alternating runs:
-    // each type's best pass rose from 81-92% of the floor to 87-95% (the
+    // each type's best pass rose from 81-90% of the floor to 90-96% (the
     // means); three runs gained nothing more.
     const int half = (g1 - g0 + 1) / 2;
     for (int g = g0; g < g0 + half; ++g) {
