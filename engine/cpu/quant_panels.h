@@ -49,22 +49,21 @@ inline void Nibbles(const uint8_t* p, __m256i out[4]) {
   out[3] = _mm256_srli_epi32(b, 4);    // rows 24-31
 }
 
-// One column of a Q6_K group, its 32 rows' 6-bit integers as bytes: `lo`
-// rows 0-15, `hi` rows 16-31, from 16 bytes of low nibbles (byte c: rows c
-// and c + 16) and 8 of high bits (byte c: rows c, c + 8, c + 16, c + 24 at
-// bits 0, 2, 4, 6). The 8 bytes twice in one vector, each half shifted so
-// that its rows' two bits land at bits 4-5 of their byte (bits shifted in
-// from a neighbouring byte fall outside them and are masked away).
-inline void Q6Column(const uint8_t* low, const uint8_t* high, __m128i* lo, __m128i* hi) {
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(low));
-  int64_t bits;
-  std::memcpy(&bits, high, 8);
-  const __m128i h = _mm_set1_epi64x(bits);
-  const __m128i nibble = _mm_set1_epi8(0x0F), two = _mm_set1_epi8(0x30);
-  *lo = _mm_or_si128(_mm_and_si128(b, nibble),
-                     _mm_and_si128(_mm_sllv_epi64(h, _mm_set_epi64x(2, 4)), two));
-  *hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(b, 4), nibble),
-                     _mm_and_si128(_mm_srlv_epi64(h, _mm_set_epi64x(2, 0)), two));
+// One column of a Q6_K group -> its 32 rows' 6-bit integers, 8 rows a
+// vector, from 16 bytes of low nibbles (byte c: rows c and c + 16) and 8 of
+// high bits (byte c: rows c, c + 8, c + 16, c + 24 at bits 0, 2, 4, 6). As
+// Nibbles: each 8 bytes widened to 32-bit lanes once, as they load, so that
+// lane c holds every byte with bits for rows c (+ 8, 16, 24), and each row's
+// two high bits are shifted to bits 4-5 of its lane there.
+inline void Q6Column(const uint8_t* low, const uint8_t* high, __m256i out[4]) {
+  __m256i n[4];
+  Nibbles(low, n);
+  const __m256i h = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(high)));
+  const __m256i two = _mm256_set1_epi32(0x30);
+  out[0] = _mm256_or_si256(n[0], _mm256_and_si256(_mm256_slli_epi32(h, 4), two));  // rows 0-7
+  out[1] = _mm256_or_si256(n[1], _mm256_and_si256(_mm256_slli_epi32(h, 2), two));  // 8-15
+  out[2] = _mm256_or_si256(n[2], _mm256_and_si256(h, two));                        // 16-23
+  out[3] = _mm256_or_si256(n[3], _mm256_and_si256(_mm256_srli_epi32(h, 2), two));  // 24-31
 }
 
 // Calls sink(kk, i, v) with the dequantized weights of one group (its
@@ -142,12 +141,10 @@ inline void ForEachValue(QuantType type, const uint8_t* group, Sink&& sink) {
           c[i] = _mm256_mul_ps(dl[i], _mm256_set1_ps(-32.0f));
         }
         for (int kk = 16 * j; kk < 16 * j + 16; ++kk) {
-          __m128i q[2];
-          Q6Column(group + 576 + kk * 16, group + 576 + 4096 + kk * 8, &q[0], &q[1]);
+          __m256i q[4];
+          Q6Column(group + 576 + kk * 16, group + 576 + 4096 + kk * 8, q);
           for (int i = 0; i < 4; ++i) {
-            const __m256i v =
-                _mm256_cvtepu8_epi32(i % 2 == 0 ? q[i / 2] : _mm_srli_si128(q[i / 2], 8));
-            sink(kk, i, _mm256_fmadd_ps(dl[i], _mm256_cvtepi32_ps(v), c[i]));
+            sink(kk, i, _mm256_fmadd_ps(dl[i], _mm256_cvtepi32_ps(q[i]), c[i]));
           }
         }
       }
