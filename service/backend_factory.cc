@@ -111,6 +111,7 @@ absl::StatusOr<engine::CpuBackendOptions> CpuOptions(const ServerOptions& option
   out.kv_cache = {options.kv_block_size, static_cast<int>(num_blocks), dtype};
   out.threads = options.threads;
   out.int8_activations = options.int8_activations;
+  out.float_panels = options.float_panels;
   return out;
 }
 

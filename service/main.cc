@@ -103,6 +103,11 @@ ABSL_FLAG(
     "no "
     "longer those of the dequantized weights (docs/quality.md measures the difference). "
     "Ignored, with a warning, on a processor without AVX2.");
+ABSL_FLAG(std::string, float_panels, "auto",
+          "CPU: lay float32 weight matrices out again at start-up as the matrix product's panels "
+          "(a second copy of them in memory; the same logits, one stream decodes faster). auto: "
+          "where the processor's product is AVX2; true; false: read the model's rows, for the "
+          "memory.");
 ABSL_FLAG(bool, cuda_graphs, Defaults().cuda_graphs,
           "CUDA: replay decode steps from CUDA graphs captured once per batch-size bucket.");
 ABSL_FLAG(int, kv_block_size, Defaults().kv_block_size, "Token positions per KV-cache block.");
@@ -227,6 +232,13 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   if (!quantize.ok()) return quantize.status();
   o.quantize = *quantize;
   o.int8_activations = absl::GetFlag(FLAGS_int8_activations);
+  if (const std::string panels = absl::GetFlag(FLAGS_float_panels); panels != "auto") {
+    if (panels != "true" && panels != "false") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--float_panels=", panels, ": expected auto, true or false"));
+    }
+    o.float_panels = panels == "true";
+  }
   o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   absl::StatusOr<int> fault = service::ParseFaultInjection(absl::GetFlag(FLAGS_fault_injection));
   if (!fault.ok()) return fault.status();

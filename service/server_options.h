@@ -48,6 +48,9 @@ struct ServerOptions {
   // --int8_activations: Q8_0, Q4_0, Q4_1, Q4_K and Q6_K matrices times int8 activations
   // on the CPU (engine::CpuBackendOptions::int8_activations).
   bool int8_activations = false;
+  // --float_panels: float32 matrices laid out again as the CPU product's
+  // panels (engine::CpuBackendOptions::float_panels); nullopt is auto.
+  std::optional<bool> float_panels;
   bool cuda_graphs = true;  // CUDA: replay captured graphs for decode steps
   int kv_block_size = 16;
   std::string kv_cache_memory = "auto";

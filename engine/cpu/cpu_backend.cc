@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/cpu/float_panels.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/kv_quant.h"
 #include "engine/cpu/products.h"
@@ -75,70 +76,89 @@ void AddBias(std::span<const float> bias, int num_rows, float* rows) {
   }
 }
 
-// A quantized matrix as the backend computes with it: panels whose product
-// equals the float32 one on the dequantized weights (cpu/quant_matmul.h),
-// or, with --int8_activations, the int8 layout (cpu/quant_int8.h).
-class QuantWeight {
+// A weight matrix laid out again at creation, as the backend computes with
+// it: a quantized one as panels whose product equals the float32 one on the
+// dequantized weights (cpu/quant_matmul.h), or, with --int8_activations, in
+// the int8 layout (cpu/quant_int8.h); a float32 one as the product's panels
+// (cpu/float_panels.h), the same bits as the model's rows.
+class LaidOutWeight {
  public:
-  explicit QuantWeight(cpu::PackedMatrix panels) : panels_(std::move(panels)) {}
-  explicit QuantWeight(cpu::Int8Matrix int8) : int8_(std::move(int8)) {}
+  explicit LaidOutWeight(cpu::PackedMatrix panels) : panels_(std::move(panels)) {}
+  explicit LaidOutWeight(cpu::Int8Matrix int8) : int8_(std::move(int8)) {}
+  explicit LaidOutWeight(cpu::FloatPanels f) : float_(std::move(f)) {}
 
-  int64_t bytes() const { return panels_ ? panels_->bytes() : int8_->bytes(); }
-  void DequantizeRow(int r, float* out) const {
-    panels_ ? panels_->DequantizeRow(r, out) : int8_->DequantizeRow(r, out);
+  int64_t bytes() const {
+    return panels_ ? panels_->bytes() : int8_ ? int8_->bytes() : float_->bytes();
+  }
+  // Row r's weights as floats (a lookup of the embedding).
+  void Row(int r, float* out) const {
+    if (panels_) {
+      panels_->DequantizeRow(r, out);
+    } else if (int8_) {
+      int8_->DequantizeRow(r, out);
+    } else {
+      float_->Row(r, out);
+    }
   }
   void Apply(cpu::ThreadPool& pool, const float* x, int64_t ldx, int m, float* y,
              int64_t ldy) const {
     if (panels_) {
       cpu::QuantMatmul(pool, x, ldx, m, *panels_, y, ldy);
-    } else {
+    } else if (int8_) {
       cpu::Int8Matmul(pool, x, ldx, m, *int8_, y, ldy);
+    } else {
+      cpu::FloatPanelsMatmul(pool, x, ldx, m, *float_, y, ldy);
     }
   }
   // This matrix for cpu::MatmulTogether.
   cpu::MatmulWeights weights() const {
-    return {.panels = panels_ ? &*panels_ : nullptr, .int8 = int8_ ? &*int8_ : nullptr};
+    return {.float_panels = float_ ? &*float_ : nullptr,
+            .panels = panels_ ? &*panels_ : nullptr,
+            .int8 = int8_ ? &*int8_ : nullptr};
   }
 
  private:
   std::optional<cpu::PackedMatrix> panels_;
   std::optional<cpu::Int8Matrix> int8_;
+  std::optional<cpu::FloatPanels> float_;
 };
 
-// A weight matrix as the backend reads it: the model's float32, or its
-// quantized blocks.
+// A weight matrix as the backend reads it: the model's float32 rows, or
+// laid out again.
 struct Matrix {
   const float* f = nullptr;
-  const QuantWeight* q = nullptr;
+  const LaidOutWeight* q = nullptr;
 };
 
-// The model's quantized matrices as the backend computes with them; a tied
+// The model's matrices as the backend computes with them; a tied quantized
 // classifier shares the embedding's.
 struct PackedWeights {
   struct Layer {
-    std::unique_ptr<QuantWeight> wq, wk, wv, wo, w1, w2, w3;
+    std::unique_ptr<LaidOutWeight> wq, wk, wv, wo, w1, w2, w3;
   };
   std::vector<Layer> layers;
-  std::unique_ptr<QuantWeight> token_embedding, classifier;
-  bool int8 = false;      // --int8_activations, where the processor has it
-  int64_t bytes = 0;      // of the laid-out matrices
-  int64_t elements = 0;   // weights they hold
-  int int8_matrices = 0;  // of which in the int8 layout
-  std::string types;      // "Q8_0, Q4_1": the types held, for Describe()
+  std::unique_ptr<LaidOutWeight> token_embedding, classifier;
+  bool int8 = false;              // --int8_activations, where the processor has it
+  int64_t bytes = 0;              // of the laid-out quantized matrices
+  int64_t elements = 0;           // weights they hold
+  int int8_matrices = 0;          // of which in the int8 layout
+  std::string types;              // "Q8_0, Q4_1": the types held, for Describe()
+  int64_t float_panel_bytes = 0;  // of the float32 matrices laid out as panels
 };
 
-absl::StatusOr<std::unique_ptr<QuantWeight>> PackIf(const QuantizedMatrix& m, PackedWeights& out) {
+absl::StatusOr<std::unique_ptr<LaidOutWeight>> PackIf(const QuantizedMatrix& m,
+                                                      PackedWeights& out) {
   if (m.empty()) return nullptr;
-  std::unique_ptr<QuantWeight> weight;
+  std::unique_ptr<LaidOutWeight> weight;
   if (out.int8 && cpu::Int8DotType(m.type)) {
     absl::StatusOr<cpu::Int8Matrix> packed = cpu::Int8Matrix::Pack(m);
     if (!packed.ok()) return packed.status();
-    weight = std::make_unique<QuantWeight>(*std::move(packed));
+    weight = std::make_unique<LaidOutWeight>(*std::move(packed));
     ++out.int8_matrices;
   } else {
     absl::StatusOr<cpu::PackedMatrix> packed = cpu::PackedMatrix::Pack(m);
     if (!packed.ok()) return packed.status();
-    weight = std::make_unique<QuantWeight>(*std::move(packed));
+    weight = std::make_unique<LaidOutWeight>(*std::move(packed));
   }
   out.bytes += weight->bytes();
   out.elements += m.rows * m.cols;
@@ -149,32 +169,63 @@ absl::StatusOr<std::unique_ptr<QuantWeight>> PackIf(const QuantizedMatrix& m, Pa
   return weight;
 }
 
-absl::StatusOr<PackedWeights> PackWeights(const ModelWeights& w, bool int8) {
+// A float32 matrix [rows][cols] as panels, where `float_panels` asks for
+// them; null for an empty span (the matrix is quantized) or without.
+absl::StatusOr<std::unique_ptr<LaidOutWeight>> FloatPanelsIf(std::span<const float> f, int64_t rows,
+                                                             int64_t cols, bool float_panels,
+                                                             PackedWeights& out) {
+  if (!float_panels || f.empty()) return nullptr;
+  absl::StatusOr<cpu::FloatPanels> panels = cpu::FloatPanels::Pack(f.data(), rows, cols);
+  if (!panels.ok()) return panels.status();
+  out.float_panel_bytes += panels->bytes();
+  return std::make_unique<LaidOutWeight>(*std::move(panels));
+}
+
+absl::StatusOr<PackedWeights> PackWeights(const ModelConfig& c, const ModelWeights& w, bool int8,
+                                          bool float_panels) {
   PackedWeights out;
   out.int8 = int8;
+  const int64_t dim = c.dim, kv_dim = c.kv_dim(), hidden = c.hidden_dim;
+  const int64_t q_dim = int64_t{c.n_heads} * c.head_dim();
   for (const LayerWeights& l : w.layers) {
     PackedWeights::Layer& p = out.layers.emplace_back();
     const LayerWeights::Quantized& q = l.quantized;
-    for (auto [from, to] : {std::pair{&q.wq, &p.wq},
-                            {&q.wk, &p.wk},
-                            {&q.wv, &p.wv},
-                            {&q.wo, &p.wo},
-                            {&q.w1, &p.w1},
-                            {&q.w2, &p.w2},
-                            {&q.w3, &p.w3}}) {
-      absl::StatusOr<std::unique_ptr<QuantWeight>> packed = PackIf(*from, out);
+    struct Of {
+      const QuantizedMatrix* quantized;
+      std::span<const float> f;
+      int64_t rows, cols;
+      std::unique_ptr<LaidOutWeight>* to;
+    };
+    for (const Of& m : {Of{&q.wq, l.wq, q_dim, dim, &p.wq},
+                        {&q.wk, l.wk, kv_dim, dim, &p.wk},
+                        {&q.wv, l.wv, kv_dim, dim, &p.wv},
+                        {&q.wo, l.wo, dim, q_dim, &p.wo},
+                        {&q.w1, l.w1, hidden, dim, &p.w1},
+                        {&q.w2, l.w2, dim, hidden, &p.w2},
+                        {&q.w3, l.w3, hidden, dim, &p.w3}}) {
+      absl::StatusOr<std::unique_ptr<LaidOutWeight>> packed =
+          m.quantized->empty() ? FloatPanelsIf(m.f, m.rows, m.cols, float_panels, out)
+                               : PackIf(*m.quantized, out);
       if (!packed.ok()) return packed.status();
-      *to = *std::move(packed);
+      *m.to = *std::move(packed);
     }
   }
-  absl::StatusOr<std::unique_ptr<QuantWeight>> embedding = PackIf(w.quantized_token_embedding, out);
+  absl::StatusOr<std::unique_ptr<LaidOutWeight>> embedding =
+      PackIf(w.quantized_token_embedding, out);
   if (!embedding.ok()) return embedding.status();
   out.token_embedding = *std::move(embedding);
-  if (w.quantized_classifier.data != w.quantized_token_embedding.data) {
-    absl::StatusOr<std::unique_ptr<QuantWeight>> classifier = PackIf(w.quantized_classifier, out);
-    if (!classifier.ok()) return classifier.status();
-    out.classifier = *std::move(classifier);
+  absl::StatusOr<std::unique_ptr<LaidOutWeight>> classifier = nullptr;
+  if (!w.quantized_classifier.empty()) {
+    if (w.quantized_classifier.data != w.quantized_token_embedding.data) {
+      classifier = PackIf(w.quantized_classifier, out);
+    }
+  } else {
+    // A float32 classifier, tied to the embedding or not, gets panels of
+    // its own: the embedding's lookups read the model's rows.
+    classifier = FloatPanelsIf(w.classifier, c.vocab_size, dim, float_panels, out);
   }
+  if (!classifier.ok()) return classifier.status();
+  out.classifier = *std::move(classifier);
   return out;
 }
 
@@ -216,16 +267,22 @@ class CpuBackend final : public Backend {
     return (c_.num_parameters() - packed_.elements) * static_cast<int64_t>(sizeof(float)) +
            packed_.bytes;
   }
-  // "cpu" as ever with float32 weights and KV cache; otherwise it names
-  // the weights' and the cache's types.
+  // "cpu" as ever with float32 weights, read as the model's rows, and KV
+  // cache; otherwise it names the weights' layout and types and the cache's.
   std::string Describe() const override {
+    const double panels_mb = packed_.float_panel_bytes / 1e6;
     const std::string weights =
         packed_.types.empty()
-            ? "fp32 weights"
-            : absl::StrFormat("%s weights (%.1f MB; the rest fp32)%s", packed_.types,
-                              packed_.bytes / 1e6,
-                              packed_.int8_matrices > 0 ? " with int8 activations" : "");
-    if (kv_.dtype == KvDtype::kFp32 && packed_.types.empty()) return "cpu";
+            ? (panels_mb > 0
+                   ? absl::StrFormat("fp32 weights as panels (%.1f MB beside the model's rows)",
+                                     panels_mb)
+                   : std::string("fp32 weights"))
+            : absl::StrFormat(
+                  "%s weights (%.1f MB; the rest fp32%s)%s", packed_.types, packed_.bytes / 1e6,
+                  panels_mb > 0 ? absl::StrFormat(", its matrices as panels: %.1f MB", panels_mb)
+                                : "",
+                  packed_.int8_matrices > 0 ? " with int8 activations" : "");
+    if (kv_.dtype == KvDtype::kFp32 && packed_.types.empty() && panels_mb == 0) return "cpu";
     return absl::StrCat("cpu: ", weights, ", KV cache ", KvDtypeName(kv_.dtype),
                         kv_.dtype == KvDtype::kInt8 ? " (a scale per token and KV head)" : "");
   }
@@ -295,7 +352,7 @@ class CpuBackend final : public Backend {
   // Products of matrices that read the same x [m, k], in one parallel loop
   // (cpu/products.h): the same bits as Apply on each.
   void ApplyTogether(std::initializer_list<Output> outs, const float* x, int64_t ldx, int m, int k);
-  static Matrix Of(std::span<const float> f, const std::unique_ptr<QuantWeight>& q) {
+  static Matrix Of(std::span<const float> f, const std::unique_ptr<LaidOutWeight>& q) {
     return {f.data(), q.get()};
   }
 
@@ -496,7 +553,7 @@ absl::Status CpuBackend::Step(const StepBatch& batch, std::span<float> logits) {
       pos_[t] = batch.seqs[s].start_pos + i;
       seq_[t] = s;
       if (packed_.token_embedding != nullptr) {
-        packed_.token_embedding->DequantizeRow(batch.tokens[t], &x_[static_cast<size_t>(t) * dim]);
+        packed_.token_embedding->Row(batch.tokens[t], &x_[static_cast<size_t>(t) * dim]);
       } else {
         std::memcpy(&x_[static_cast<size_t>(t) * dim],
                     &w.token_embedding[static_cast<size_t>(batch.tokens[t]) * dim],
@@ -598,10 +655,10 @@ absl::Status CpuBackend::Step(const StepBatch& batch, std::span<float> logits) {
     t += n;
   }
   // A quantized classifier tied to the embedding is the embedding's panels.
-  const QuantWeight* classifier =
-      w.quantized_classifier.empty()
-          ? nullptr
-          : (packed_.classifier != nullptr ? packed_.classifier : packed_.token_embedding).get();
+  const LaidOutWeight* classifier =
+      packed_.classifier != nullptr
+          ? packed_.classifier.get()
+          : (w.quantized_classifier.empty() ? nullptr : packed_.token_embedding.get());
   Apply({w.classifier.data(), classifier}, last_.data(), dim, rows, c_.vocab_size, dim,
         logits.data(), c_.vocab_size);
   return absl::OkStatus();
@@ -654,8 +711,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::shared_ptr<const 
   }
   // --int8_activations where the processor has AVX2 (AVX512-VNNI is faster);
   // elsewhere the exact numerics, which the server logs.
-  absl::StatusOr<PackedWeights> packed =
-      PackWeights(model->weights, options.int8_activations && cpu::Int8DotSupported());
+  absl::StatusOr<PackedWeights> packed = PackWeights(
+      model->config, model->weights, options.int8_activations && cpu::Int8DotSupported(),
+      options.float_panels.value_or(cpu::BestMatmulIsa() == cpu::MatmulIsa::kAvx2));
   if (!packed.ok()) return packed.status();
   return std::unique_ptr<Backend>(new CpuBackend(std::move(model), kv, threads, std::move(cache),
                                                  std::move(scales), *std::move(packed)));

@@ -239,6 +239,130 @@ void MatmulFewRowsAvx2(const float* x, int64_t ldx, int m, const float* w, int n
   }
 }
 
+namespace {
+
+// P panels side by side (laid out ahead: P * kPanel rows of W, each panel
+// [k][kPanel] floats, `stride` floats after the one before) against R rows
+// of X: 4 * P chains for each row of X, all advanced one k at a time. Of the
+// P * kPanel rows the first `rows` are stored to y.
+template <int P, int R>
+void PanelsAgainstRows(const float* x, int64_t ldx, const float* panel, int64_t stride, int k,
+                       int rows, float* y, int64_t ldy, bool accumulate = false) {
+  __m256 acc[R][P][4];
+  for (int r = 0; r < R; ++r) {
+    for (int p = 0; p < P; ++p) {
+      for (int v = 0; v < 4; ++v) {
+        const int first = p * kPanel + 8 * v;
+        acc[r][p][v] = accumulate && first < rows
+                           ? _mm256_maskload_ps(y + r * ldy + first, FirstLanes(rows - first))
+                           : _mm256_setzero_ps();
+      }
+    }
+  }
+  for (int kk = 0; kk < k; ++kk) {
+    __m256 xv[R];
+    for (int r = 0; r < R; ++r) xv[r] = _mm256_broadcast_ss(x + r * ldx + kk);
+    for (int p = 0; p < P; ++p) {
+      const float* at = panel + p * stride + int64_t{kk} * kPanel;
+      for (int v = 0; v < 4; ++v) {
+        const __m256 wv = _mm256_load_ps(at + 8 * v);
+        for (int r = 0; r < R; ++r) acc[r][p][v] = _mm256_fmadd_ps(wv, xv[r], acc[r][p][v]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int p = 0; p < P; ++p) {
+      for (int v = 0; v < 4; ++v) {
+        const int first = p * kPanel + 8 * v;
+        if (first + 8 <= rows) {
+          _mm256_storeu_ps(y + r * ldy + first, acc[r][p][v]);
+        } else if (first < rows) {
+          _mm256_maskstore_ps(y + r * ldy + first, FirstLanes(rows - first), acc[r][p][v]);
+        }
+      }
+    }
+  }
+}
+
+// Rows of X up to which laid-out panels are read as two panels side by
+// side, one row of X after another, kLaidOutKBlock values of k at a time
+// (16 KiB of the pair, which the later rows read from the first level of
+// cache), rather than by the tile kernel. coalesce-quant-bench --types=fp32
+// on an AVX2-only AMD EPYC: one panel at a time (one stream from memory a
+// thread) read memory slower than the row-major kernel for 2 to 12 rows,
+// and two side by side faster; passes over whole panels, which the later
+// rows read from the second level of cache, were slower than over 64 values
+// of k; from 16 rows the tile kernel was as fast or faster.
+constexpr int kMaxRowsSideBySide = 12;
+constexpr int kLaidOutKBlock = 64;
+
+}  // namespace
+
+void MatmulLaidOutAvx2(const float* x, int64_t ldx, int m, const float* panels, int rows, int k,
+                       float* y, int64_t ldy) {
+  const int64_t stride = int64_t{k} * kPanel;
+  const int num = (rows + kPanel - 1) / kPanel;
+  if (m == 1) {
+    int p = 0;
+    for (; p + 2 <= num; p += 2) {
+      PanelsAgainstRows<2, 1>(x, ldx, panels + p * stride, stride, k, rows - p * kPanel,
+                              y + p * kPanel, ldy);
+    }
+    if (p < num) {
+      PanelsAgainstRows<1, 1>(x, ldx, panels + p * stride, stride, k, rows - p * kPanel,
+                              y + p * kPanel, ldy);
+    }
+    return;
+  }
+  if (m <= kMaxRowsSideBySide) {
+    // Two panels side by side, one row of X at a time, over
+    // kLaidOutKBlock values of k at a time: the later rows read them from
+    // the first level of cache, and each chain continues from the partial
+    // sum the block before stored in y.
+    for (int p = 0; p < num; p += 2) {
+      const int left = rows - p * kPanel;
+      for (int k0 = 0; k0 < k; k0 += kLaidOutKBlock) {
+        const int kb = std::min(kLaidOutKBlock, k - k0);
+        const float* panel = panels + p * stride + int64_t{k0} * kPanel;
+        for (int i = 0; i < m; ++i) {
+          const float* xi = x + i * ldx + k0;
+          float* yi = y + i * ldy + p * kPanel;
+          if (p + 2 <= num) {
+            PanelsAgainstRows<2, 1>(xi, ldx, panel, stride, kb, left, yi, ldy, k0 > 0);
+          } else {
+            PanelsAgainstRows<1, 1>(xi, ldx, panel, stride, kb, left, yi, ldy, k0 > 0);
+          }
+        }
+      }
+    }
+    return;
+  }
+  const int tiles = (m + Avx2Kernel::kTileX - 1) / Avx2Kernel::kTileX;
+  for (int p = 0; p < num; ++p) {
+    const int height_rows = std::min(kPanel, rows - p * kPanel);
+    for (int k0 = 0; k0 < k; k0 += kKBlock) {
+      const int kb = std::min(kKBlock, k - k0);
+      const float* panel = panels + p * stride + int64_t{k0} * kPanel;
+      // What the tiles read next, the next block of this panel or the first
+      // of the next, contiguous: asked for while they compute, as kPanel
+      // runs of nb floats, the tiles sharing them.
+      const float* next = panel + int64_t{kb} * kPanel;
+      const int nb = k0 + kb < k ? std::min(kKBlock, k - k0 - kb) : std::min(kKBlock, k);
+      const int next_runs = k0 + kb < k || p + 1 < num ? kPanel : 0;
+      const int per_tile = (next_runs + tiles - 1) / tiles;
+      for (int tile = 0, i = 0; tile < tiles; ++tile) {
+        const int height = std::min(Avx2Kernel::kTileX, m - i);
+        const int first_run = std::min(next_runs, tile * per_tile);
+        const Prefetch ahead{next + int64_t{first_run} * nb, nb,
+                             std::min(per_tile, next_runs - first_run)};
+        TileOf<Avx2Kernel>(height, x + i * ldx + k0, ldx, panel, kb, k0 > 0, height_rows,
+                           y + i * ldy + p * kPanel, ldy, ahead);
+        i += height;
+      }
+    }
+  }
+}
+
 MatmulIsa BestMatmulIsa() {
   static const MatmulIsa isa =
       __builtin_cpu_supports("avx512f") ? MatmulIsa::kAvx512 : MatmulIsa::kAvx2;

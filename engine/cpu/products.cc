@@ -11,7 +11,9 @@ constexpr size_t kMaxTogether = 8;
 
 // The product alone, as its own kernel's entry point runs it.
 void Alone(ThreadPool& pool, const MatmulProduct& p, const float* x, int64_t ldx, int m, int k) {
-  if (p.w.panels != nullptr) {
+  if (p.w.float_panels != nullptr) {
+    FloatPanelsMatmul(pool, x, ldx, m, *p.w.float_panels, p.y, p.ldy);
+  } else if (p.w.panels != nullptr) {
     QuantMatmul(pool, x, ldx, m, *p.w.panels, p.y, p.ldy);
   } else if (p.w.int8 != nullptr) {
     Int8Matmul(pool, x, ldx, m, *p.w.int8, p.y, p.ldy);
@@ -21,8 +23,9 @@ void Alone(ThreadPool& pool, const MatmulProduct& p, const float* x, int64_t ldx
 }
 
 // Units of rows a loop may split the product into: W's panels of 32 rows
-// (float32 and quantized) or int8 groups of 16.
+// (float32, laid out or not, and quantized) or int8 groups of 16.
 int Units(const MatmulProduct& p) {
+  if (p.w.float_panels != nullptr) return p.w.float_panels->num_panels();
   if (p.w.panels != nullptr) return p.w.panels->num_panels();
   if (p.w.int8 != nullptr) return p.w.int8->num_groups();
   return (p.n + kMatmulRowUnit - 1) / kMatmulRowUnit;
@@ -31,7 +34,9 @@ int Units(const MatmulProduct& p) {
 // Units [u0, u1) of the product, on this thread.
 void RunUnits(const MatmulProduct& p, const float* x, int64_t ldx, int m, int k, const Int8Rows& q,
               int u0, int u1) {
-  if (p.w.int8 != nullptr) {
+  if (p.w.float_panels != nullptr) {
+    FloatPanelsMatmulPanels(x, ldx, m, *p.w.float_panels, u0, u1, p.y, p.ldy);
+  } else if (p.w.int8 != nullptr) {
     Int8MatmulGroups(q, *p.w.int8, u0, u1, p.y, p.ldy);
   } else if (p.w.panels != nullptr) {
     (BestMatmulIsa() == MatmulIsa::kAvx512 ? QuantMatmulPanelsAvx512 : QuantMatmulPanelsAvx2)(

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 
+#include "engine/cpu/float_panels.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/quant_int8.h"
 #include "engine/cpu/quant_matmul.h"
@@ -18,9 +19,10 @@
 namespace coalesce::engine::cpu {
 
 // A weight matrix W [n][k] in one of the CPU engine's layouts: exactly one
-// of the three is set.
+// of the four is set.
 struct MatmulWeights {
   const float* f = nullptr;  // float32, [n][k]
+  const FloatPanels* float_panels = nullptr;
   const PackedMatrix* panels = nullptr;
   const Int8Matrix* int8 = nullptr;
 };

@@ -76,6 +76,10 @@ ABSL_FLAG(bool, int8_activations, false,
           "Quantized Q8_0, Q4_0, Q4_1, Q4_K and Q6_K matrices multiply int8 activations "
           "(coalesce-server's "
           "--int8_activations).");
+ABSL_FLAG(std::string, float_panels, "auto",
+          "Float32 matrices laid out as the product's panels at creation (true), read as the "
+          "model's rows (false), or as the CPU backend chooses (auto: panels where the "
+          "processor's product is AVX2).");
 ABSL_FLAG(bool, limits, false,
           "Also measure, in the same run and on the same threads, the memory read bandwidth and "
           "the rate of a large single-precision matrix product (OpenBLAS sgemm), and print the "
@@ -353,6 +357,13 @@ int Run() {
   engine::CpuBackendOptions options;
   options.threads = absl::GetFlag(FLAGS_threads);
   options.int8_activations = absl::GetFlag(FLAGS_int8_activations);
+  if (const std::string panels = absl::GetFlag(FLAGS_float_panels); panels != "auto") {
+    if (panels != "true" && panels != "false") {
+      std::fprintf(stderr, "--float_panels: auto, true or false, not %s\n", panels.c_str());
+      return 1;
+    }
+    options.float_panels = panels == "true";
+  }
   // The variants measured side by side: one backend per KV cache type, or
   // (--compare_quantized) the model's weights dequantized and kept
   // quantized; each with room for the largest batch.

@@ -32,6 +32,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/flags.h"
+#include "engine/cpu/float_panels.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/kv_quant.h"
 #include "engine/cpu/memory_bandwidth.h"
@@ -248,6 +249,35 @@ int Run() {
       const std::vector<float> cached(static_cast<size_t>(kCacheRows) * shapes[0].cols, 0.01f);
       r.cache_rate = CacheRate(4.0 * static_cast<double>(cached.size()), shapes[0].cols,
                                engine::cpu::MatmulWeights{.f = cached.data()});
+      // The same matrices laid out as panels at load (cpu/float_panels.h).
+      Result rp;
+      rp.bytes = r.bytes;
+      {
+        std::vector<engine::cpu::FloatPanels> panels;
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          absl::StatusOr<engine::cpu::FloatPanels> laid =
+              engine::cpu::FloatPanels::Pack(w[i].data(), shapes[i].rows, shapes[i].cols);
+          if (!laid.ok()) return 1;
+          panels.push_back(*std::move(laid));
+        }
+        w.clear();
+        for (const int m : row_counts) {
+          rp.timings.push_back(Paired(repeat, probe, [&] {
+            Step(
+                pool, shapes,
+                [&](size_t i) { return engine::cpu::MatmulWeights{.float_panels = &panels[i]}; },
+                x.data(), m, y.data(), y_stride, scratch);
+          }));
+        }
+        absl::StatusOr<engine::cpu::FloatPanels> laid =
+            engine::cpu::FloatPanels::Pack(cached.data(), kCacheRows, shapes[0].cols);
+        if (!laid.ok()) return 1;
+        rp.cache_rate = CacheRate(4.0 * static_cast<double>(cached.size()), shapes[0].cols,
+                                  engine::cpu::MatmulWeights{.float_panels = &*laid});
+      }
+      results.emplace_back(std::string(name), std::move(r));
+      results.emplace_back("fp32/panels", std::move(rp));
+      continue;
     } else {
       const std::optional<engine::QuantType> type = TypeNamed(name);
       if (!type.has_value()) {

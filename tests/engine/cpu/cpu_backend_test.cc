@@ -78,6 +78,61 @@ TEST(CpuBackendTest, BlockSizeAndThreadsDoNotChangeResults) {
   }
 }
 
+// Float32 matrices laid out as the product's panels (CpuBackendOptions::
+// float_panels) give the logits the model's rows give, bit for bit: one
+// token at a time and a whole prompt in one step, on one thread and three,
+// with a classifier tied to the embedding (stories260K, synthetic:15m) and
+// one of its own.
+TEST(CpuBackendTest, FloatPanelsGiveTheSameBits) {
+  const std::shared_ptr<const Model> synthetic = Synthetic("synthetic:15m");
+  ASSERT_NE(synthetic, nullptr);
+  ASSERT_NE(Stories(), nullptr);
+  // synthetic:15m with an untied classifier of its own values.
+  auto untied = std::make_shared<Model>(*synthetic);
+  const auto classifier =
+      std::make_shared<std::vector<float>>(synthetic->weights.classifier.size());
+  for (size_t i = 0; i < classifier->size(); ++i) {
+    (*classifier)[i] = 0.02f * static_cast<float>(static_cast<int>((i * 7919) % 101) - 50) / 50.0f;
+  }
+  untied->config.tied_classifier = false;
+  untied->weights.classifier = *classifier;
+  untied->storage = std::make_shared<std::pair<std::shared_ptr<const void>, decltype(classifier)>>(
+      synthetic->storage, classifier);
+  const std::pair<const char*, std::shared_ptr<const Model>> models[] = {
+      {"stories260K", Stories()}, {"synthetic:15m", synthetic}, {"untied", untied}};
+  for (const auto& [name, model] : models) {
+    SCOPED_TRACE(name);
+    const std::vector<int32_t> prompt = Prompt(7, model->config.vocab_size);
+    for (const int threads : {1, 3}) {
+      std::vector<std::vector<float>> results[2];
+      for (const bool panels : {false, true}) {
+        auto backend = CreateCpuBackend(model, {.kv_cache = {.block_size = 16, .num_blocks = 1},
+                                                .threads = threads,
+                                                .float_panels = panels});
+        ASSERT_TRUE(backend.ok()) << backend.status();
+        // The start-up log says which, and the panels' bytes.
+        EXPECT_EQ((*backend)->Describe().find("as panels (") != std::string::npos, panels)
+            << (*backend)->Describe();
+        std::vector<std::vector<float>> got = OneByOne(**backend, prompt, {0});
+        const std::vector<int32_t> table = {0};
+        const SequenceStep seq{.num_tokens = static_cast<int32_t>(prompt.size()),
+                               .start_pos = 0,
+                               .block_table = table,
+                               .all_logits = true};
+        std::vector<float> logits(prompt.size() * model->config.vocab_size);
+        const absl::Status status = (*backend)->Step({.tokens = prompt, .seqs = {&seq, 1}}, logits);
+        ASSERT_TRUE(status.ok()) << status;
+        got.push_back(std::move(logits));
+        results[panels] = std::move(got);
+      }
+      ASSERT_EQ(results[0].size(), results[1].size());
+      for (size_t i = 0; i < results[0].size(); ++i) {
+        ASSERT_EQ(results[0][i], results[1][i]) << "threads " << threads << " step " << i;
+      }
+    }
+  }
+}
+
 // A model big enough for a step's projections to run in one parallel loop
 // together (q, k and v; the feed-forward's w1 and w3: CpuBackend's
 // ApplyTogether), with float32, quantized and int8-activation weights: more

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/cpu/float_panels.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/kv_quant.h"
 #include "engine/cpu/thread_pool.h"
@@ -84,6 +85,71 @@ TEST(MatmulTest, Avx512EqualsTheDefinition) {
   if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "this processor has no AVX-512";
   CheckAgainstReference(MatmulIsa::kAvx512, 1);
   CheckAgainstReference(MatmulIsa::kAvx512, 3);
+}
+
+// Float32 weights laid out as panels (float_panels.h) give the definition's
+// bits too: kShapes, and shapes around the laid-out kernels' own edges: one
+// row of X against pairs of panels and a last single one (rows of W 33, 65,
+// 96, 97), up to 12 rows of X two panels at a time over 64 values of k
+// (k 63, 64, 65, 129), and from 13 rows the tile kernel over 1024.
+TEST(FloatPanelsTest, ProductEqualsTheDefinition) {
+  std::vector<Shape> shapes(std::begin(kShapes), std::end(kShapes));
+  for (const Shape& s : {Shape{1, 33, 63}, Shape{1, 65, 64}, Shape{1, 96, 65}, Shape{1, 97, 129},
+                         Shape{2, 65, 129}, Shape{12, 97, 65}, Shape{13, 33, 129},
+                         Shape{16, 64, 1100}, Shape{12, 130, 1030}, Shape{3, 5, 1}}) {
+    shapes.push_back(s);
+  }
+  for (const int threads : {1, 3}) {
+    ThreadPool pool(threads);
+    for (const Shape& s : shapes) {
+      const int ldx = s.k + 3, ldy = s.n + 5;
+      const std::vector<float> x = RandomValues(static_cast<size_t>(s.m) * ldx, 5);
+      const std::vector<float> w = RandomValues(static_cast<size_t>(s.n) * s.k, 6);
+      std::vector<float> want(static_cast<size_t>(s.m) * ldy, -7.0f), got = want;
+      MatmulReference(x.data(), ldx, s.m, w.data(), s.n, s.k, want.data(), ldy);
+      absl::StatusOr<FloatPanels> panels = FloatPanels::Pack(w.data(), s.n, s.k);
+      ASSERT_TRUE(panels.ok()) << panels.status();
+      FloatPanelsMatmul(pool, x.data(), ldx, s.m, *panels, got.data(), ldy);
+      ExpectSameBits(want, got,
+                     "m " + std::to_string(s.m) + " n " + std::to_string(s.n) + " k " +
+                         std::to_string(s.k) + " threads " + std::to_string(threads));
+    }
+  }
+}
+
+// A run of panels writes its own rows of W's outputs and nothing else, and
+// Row gives back the rows the panels were made from.
+TEST(FloatPanelsTest, PanelRunsAndRows) {
+  const int m = 3, n = 100, k = 70, ldy = n;
+  const std::vector<float> x = RandomValues(static_cast<size_t>(m) * k, 7);
+  const std::vector<float> w = RandomValues(static_cast<size_t>(n) * k, 8);
+  absl::StatusOr<FloatPanels> panels = FloatPanels::Pack(w.data(), n, k);
+  ASSERT_TRUE(panels.ok()) << panels.status();
+  EXPECT_EQ(panels->num_panels(), 4);
+  EXPECT_EQ(panels->bytes(), int64_t{4} * 32 * k * 4);
+  std::vector<float> want(static_cast<size_t>(m) * ldy);
+  MatmulReference(x.data(), k, m, w.data(), n, k, want.data(), ldy);
+  std::vector<float> got(want.size(), -7.0f);
+  FloatPanelsMatmulPanels(x.data(), k, m, *panels, 1, 3, got.data(), ldy);
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) {
+      const float g = got[static_cast<size_t>(i) * ldy + j];
+      if (j >= 32 && j < 96) {
+        EXPECT_EQ(g, want[static_cast<size_t>(i) * ldy + j]) << "row " << i << " column " << j;
+      } else {
+        EXPECT_EQ(g, -7.0f) << "row " << i << " column " << j << " is outside panels 1 and 2";
+      }
+    }
+  }
+  std::vector<float> row(k);
+  for (const int r : {0, 31, 32, 99}) {
+    panels->Row(r, row.data());
+    EXPECT_TRUE(std::equal(row.begin(), row.end(), w.begin() + static_cast<size_t>(r) * k))
+        << "row " << r;
+  }
+  EXPECT_FALSE(FloatPanels::Pack(w.data(), 0, k).ok());
+  EXPECT_FALSE(FloatPanels::Pack(w.data(), n, 0).ok());
+  EXPECT_FALSE(FloatPanels::Pack(nullptr, n, k).ok());
 }
 
 // The property the definition buys: a row's result is the same alone and

@@ -1,6 +1,7 @@
 // Several products of one X in one parallel loop (cpu/products.h): each
-// gives the bits of its own kernel alone, for float32, quantized and int8
-// weights mixed in one call, one row of X or several, any thread count.
+// gives the bits of its own kernel alone, for float32 (the model's rows and
+// laid out as panels), quantized and int8 weights mixed in one call, one row of X or several, any
+// thread count.
 #include "engine/cpu/products.h"
 
 #include <gtest/gtest.h>
@@ -32,9 +33,13 @@ std::vector<uint8_t> RandomQ8(int rows, int cols, Rng& rng) {
 TEST(MatmulTogetherTest, EachProductEqualsItsKernelAlone) {
   Rng rng(5);
   const int k = 512;
-  const int rows[3] = {200, 96, 1000};  // float32, Q8_0 panels, Q8_0 int8 (or panels)
-  std::vector<float> f(static_cast<size_t>(rows[0]) * k);
+  // float32, Q8_0 panels, Q8_0 int8 (or panels), float32 laid out as panels
+  const int rows[4] = {200, 96, 1000, 130};
+  std::vector<float> f(static_cast<size_t>(rows[0]) * k), f2(static_cast<size_t>(rows[3]) * k);
   for (float& v : f) v = rng.NextFloat() - 0.5f;
+  for (float& v : f2) v = rng.NextFloat() - 0.5f;
+  auto float_panels = FloatPanels::Pack(f2.data(), rows[3], k);
+  ASSERT_TRUE(float_panels.ok());
   const std::vector<uint8_t> q1 = RandomQ8(rows[1], k, rng), q2 = RandomQ8(rows[2], k, rng);
   auto panels =
       PackedMatrix::Pack({.type = QuantType::kQ8_0, .rows = rows[1], .cols = k, .data = q1.data()});
@@ -49,19 +54,20 @@ TEST(MatmulTogetherTest, EachProductEqualsItsKernelAlone) {
     ASSERT_TRUE(packed.ok());
     third_int8 = *std::move(packed);
   }
-  const MatmulWeights weights[3] = {
+  const MatmulWeights weights[4] = {
       {.f = f.data()},
       {.panels = &*panels},
-      third_int8 ? MatmulWeights{.int8 = &*third_int8} : MatmulWeights{.panels = &*third_panels}};
+      third_int8 ? MatmulWeights{.int8 = &*third_int8} : MatmulWeights{.panels = &*third_panels},
+      {.float_panels = &*float_panels}};
   for (const int threads : {1, 2, 3}) {
     ThreadPool pool(threads);
     for (const int m : {1, 5, 47}) {
       const std::string what = absl::StrCat("threads ", threads, " m ", m);
       std::vector<float> x(static_cast<size_t>(m) * (k + 3));
       for (float& v : x) v = rng.NextFloat() * 2.0f - 1.0f;
-      std::vector<std::vector<float>> alone(3), together(3);
+      std::vector<std::vector<float>> alone(4), together(4);
       std::vector<MatmulProduct> products;
-      for (int i = 0; i < 3; ++i) {
+      for (int i = 0; i < 4; ++i) {
         alone[i].assign(static_cast<size_t>(m) * (rows[i] + 1), -1.0f);
         together[i] = alone[i];
         products.push_back({weights[i], rows[i], together[i].data(), rows[i] + 1});
@@ -75,9 +81,11 @@ TEST(MatmulTogetherTest, EachProductEqualsItsKernelAlone) {
       } else {
         QuantMatmul(pool, x.data(), k + 3, m, *third_panels, alone[2].data(), rows[2] + 1);
       }
+      // Laid out as panels, the model's rows' bits.
+      Matmul(pool, x.data(), k + 3, m, f2.data(), rows[3], k, alone[3].data(), rows[3] + 1);
       Int8Rows scratch;
       MatmulTogether(pool, products, x.data(), k + 3, m, k, scratch);
-      for (int i = 0; i < 3; ++i) EXPECT_EQ(together[i], alone[i]) << what << " product " << i;
+      for (int i = 0; i < 4; ++i) EXPECT_EQ(together[i], alone[i]) << what << " product " << i;
     }
   }
 }

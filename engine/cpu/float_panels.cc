@@ -1,0 +1,88 @@
+#include "engine/cpu/float_panels.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "engine/cpu/matmul_panels.h"
+
+namespace coalesce::engine::cpu {
+
+static_assert(FloatPanels::kRows == kPanel, "a laid-out panel is one panel of the product");
+
+void FloatPanels::Free::operator()(float* p) const { std::free(p); }
+
+absl::StatusOr<FloatPanels> FloatPanels::Pack(const float* w, int64_t rows, int64_t cols) {
+  if (w == nullptr || rows <= 0 || cols <= 0 || rows > std::numeric_limits<int>::max() - kRows ||
+      cols > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot lay out a ", rows, " x ", cols, " float32 matrix as panels"));
+  }
+  FloatPanels out;
+  out.rows_ = static_cast<int>(rows);
+  out.cols_ = static_cast<int>(cols);
+  const int64_t bytes = out.bytes();
+  // 64-byte aligned (the kernels' aligned loads), zeroed: padding rows are
+  // zero weights.
+  out.data_.reset(
+      static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((bytes + 63) / 64 * 64))));
+  if (out.data_ == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", bytes, " bytes for a float32 matrix's panels"));
+  }
+  float* data = out.data_.get();
+  for (int p = 0; p < out.num_panels(); ++p) {
+    float* panel = data + int64_t{p} * cols * kRows;
+    const int64_t first = int64_t{p} * kRows;
+    const int real = static_cast<int>(std::min<int64_t>(kRows, rows - first));
+    if (real < kRows) std::memset(panel, 0, sizeof(float) * cols * kRows);
+    // A few columns of the panel's rows at a time: the source rows' lines
+    // stay in cache while the panel is written in order.
+    constexpr int64_t kCols = 64;
+    for (int64_t c0 = 0; c0 < cols; c0 += kCols) {
+      const int64_t c1 = std::min(cols, c0 + kCols);
+      for (int r = 0; r < real; ++r) {
+        const float* src = w + (first + r) * cols;
+        for (int64_t c = c0; c < c1; ++c) panel[c * kRows + r] = src[c];
+      }
+    }
+  }
+  return out;
+}
+
+void FloatPanels::Row(int r, float* out) const {
+  const float* panel = this->panel(r / kRows) + r % kRows;
+  for (int c = 0; c < cols_; ++c) out[c] = panel[int64_t{c} * kRows];
+}
+
+void FloatPanelsMatmulPanels(const float* x, int64_t ldx, int m, const FloatPanels& w, int p0,
+                             int p1, float* y, int64_t ldy) {
+  if (m <= 0 || p0 >= p1) return;
+  const int j0 = p0 * FloatPanels::kRows;
+  const int rows = std::min(w.rows(), p1 * FloatPanels::kRows) - j0;
+  MatmulLaidOutAvx2(x, ldx, m, w.panel(p0), rows, w.cols(), y + j0, ldy);
+}
+
+void FloatPanelsMatmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const FloatPanels& w,
+                       float* y, int64_t ldy) {
+  if (m <= 0 || w.rows() <= 0) return;
+  const int num_panels = w.num_panels();
+  const int threads = pool.size();
+  // Below ~64K multiply-adds a thread handoff costs more than it saves.
+  if (threads == 1 || int64_t{m} * w.rows() * w.cols() < (int64_t{1} << 16)) {
+    FloatPanelsMatmulPanels(x, ldx, m, w, 0, num_panels, y, ldy);
+    return;
+  }
+  // A few tasks per thread for balance, each a run of whole panels.
+  const int tasks = std::min(num_panels, threads * 4);
+  pool.ParallelFor(tasks, [&](int task, int) {
+    const int p0 = static_cast<int>(int64_t{num_panels} * task / tasks);
+    const int p1 = static_cast<int>(int64_t{num_panels} * (task + 1) / tasks);
+    FloatPanelsMatmulPanels(x, ldx, m, w, p0, p1, y, ldy);
+  });
+}
+
+}  // namespace coalesce::engine::cpu
