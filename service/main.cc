@@ -105,9 +105,9 @@ ABSL_FLAG(
     "Ignored, with a warning, on a processor without AVX2.");
 ABSL_FLAG(std::string, float_panels, "auto",
           "CPU: lay float32 weight matrices out again at start-up as the matrix product's panels "
-          "(a second copy of them in memory; the same logits, one stream decodes faster). auto: "
-          "where the processor's product is AVX2; true; false: read the model's rows, for the "
-          "memory.");
+          "(the same logits; one stream decodes faster; the model's rows are freed once laid "
+          "out, so start-up briefly holds both). auto: where the processor's product is AVX2; "
+          "true; false: read the model's rows.");
 ABSL_FLAG(bool, cuda_graphs, Defaults().cuda_graphs,
           "CUDA: replay decode steps from CUDA graphs captured once per batch-size bucket.");
 ABSL_FLAG(int, kv_block_size, Defaults().kv_block_size, "Token positions per KV-cache block.");

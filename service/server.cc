@@ -83,7 +83,9 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
     return nullptr;
   }
   s->model_ = *std::move(loaded);
-  const engine::ModelConfig& config = s->model_.model->config;
+  // A copy: the model itself is let go of once the backend holds what it
+  // computes with (below).
+  const engine::ModelConfig config = s->model_.model->config;
   LogF(LogLevel::kInfo,
        "model %s from %s: %d layers, dim %d, %d heads (%d kv), vocab %d, context %d, "
        "%.1fM parameters, loaded in %.2f s",
@@ -132,6 +134,11 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
     return nullptr;
   }
   s->backend_ = *std::move(backend);
+  // The backend holds what it computes with. The CPU backend with every
+  // matrix laid out again keeps only the model's norms and biases, so
+  // letting go of the model here frees its rows: the weights are in memory
+  // once (engine/cpu/cpu_backend.h).
+  s->model_.model.reset();
   engine::Backend& b = *s->backend_;
   const engine::KvCacheConfig& kv = b.kv_cache();
   const int64_t context_blocks = (config.max_seq_len + kv.block_size - 1) / kv.block_size;

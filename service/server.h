@@ -47,7 +47,8 @@ class Server {
   explicit Server(const ServerOptions& options) : options_(options) {}
 
   const ServerOptions options_;
-  // In the order they are built; destroyed in reverse.
+  // In the order they are built; destroyed in reverse. (model_.model is
+  // let go of once the backend is built: the backend holds what it reads.)
   engine::LoadedModel model_;
   // The model's chat template, parsed; empty when it has none or it does not
   // parse (chat_unavailable_ says which).

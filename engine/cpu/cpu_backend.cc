@@ -138,6 +138,12 @@ struct PackedWeights {
   };
   std::vector<Layer> layers;
   std::unique_ptr<LaidOutWeight> token_embedding, classifier;
+  // What the step reads: the classifier laid out (its own, or the tied
+  // quantized embedding's), and the rows an embedding lookup reads (the
+  // quantized embedding's, or a tied float32 classifier's panels); null
+  // where the model's float32 rows are read instead.
+  const LaidOutWeight* lm_head = nullptr;
+  const LaidOutWeight* lookup = nullptr;
   bool int8 = false;              // --int8_activations, where the processor has it
   int64_t bytes = 0;              // of the laid-out quantized matrices
   int64_t elements = 0;           // weights they hold
@@ -226,7 +232,54 @@ absl::StatusOr<PackedWeights> PackWeights(const ModelConfig& c, const ModelWeigh
   }
   if (!classifier.ok()) return classifier.status();
   out.classifier = *std::move(classifier);
+  const bool tied_quantized = !w.quantized_classifier.empty() &&
+                              w.quantized_classifier.data == w.quantized_token_embedding.data;
+  out.lm_head = tied_quantized ? out.token_embedding.get() : out.classifier.get();
+  const bool tied_float = !w.classifier.empty() && w.classifier.data() == w.token_embedding.data();
+  out.lookup = out.token_embedding != nullptr ? out.token_embedding.get()
+                                              : (tied_float ? out.classifier.get() : nullptr);
   return out;
+}
+
+// Whether the step reads no matrix of the model's: every one is laid out.
+bool AllLaidOut(const PackedWeights& p) {
+  for (const PackedWeights::Layer& l : p.layers) {
+    for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w1, &l.w2, &l.w3}) {
+      if (*m == nullptr) return false;
+    }
+  }
+  return p.lm_head != nullptr;
+}
+
+// The part of `m` the step reads once every matrix is laid out (AllLaidOut):
+// its shape, norms and biases, and a float32 embedding that no laid-out
+// matrix stands for, copied. The backend keeps this instead of `m`, so the
+// model's rows are freed once nothing else holds it (the server lets go of
+// it after start-up), and the process holds the weights once.
+std::shared_ptr<const Model> WhatTheStepReads(const Model& m, const PackedWeights& p) {
+  auto pieces = std::make_shared<std::vector<std::vector<float>>>();
+  pieces->reserve(8 * m.weights.layers.size() + 2);
+  auto keep = [&](std::span<const float> f) -> std::span<const float> {
+    if (f.empty()) return {};
+    // Moving a vector into the list keeps its elements where they are.
+    pieces->emplace_back(f.begin(), f.end());
+    return pieces->back();
+  };
+  Model out;
+  out.config = m.config;
+  for (const LayerWeights& l : m.weights.layers) {
+    LayerWeights& o = out.weights.layers.emplace_back();
+    o.attn_norm = keep(l.attn_norm);
+    o.ffn_norm = keep(l.ffn_norm);
+    o.bq = keep(l.bq);
+    o.bk = keep(l.bk);
+    o.bv = keep(l.bv);
+    o.bo = keep(l.bo);
+  }
+  out.weights.final_norm = keep(m.weights.final_norm);
+  if (p.lookup == nullptr) out.weights.token_embedding = keep(m.weights.token_embedding);
+  out.storage = std::move(pieces);
+  return std::make_shared<const Model>(std::move(out));
 }
 
 class CpuBackend final : public Backend {
@@ -273,10 +326,8 @@ class CpuBackend final : public Backend {
     const double panels_mb = packed_.float_panel_bytes / 1e6;
     const std::string weights =
         packed_.types.empty()
-            ? (panels_mb > 0
-                   ? absl::StrFormat("fp32 weights as panels (%.1f MB beside the model's rows)",
-                                     panels_mb)
-                   : std::string("fp32 weights"))
+            ? (panels_mb > 0 ? absl::StrFormat("fp32 weights as panels (%.1f MB)", panels_mb)
+                             : std::string("fp32 weights"))
             : absl::StrFormat(
                   "%s weights (%.1f MB; the rest fp32%s)%s", packed_.types, packed_.bytes / 1e6,
                   panels_mb > 0 ? absl::StrFormat(", its matrices as panels: %.1f MB", panels_mb)
@@ -552,8 +603,8 @@ absl::Status CpuBackend::Step(const StepBatch& batch, std::span<float> logits) {
     for (int i = 0; i < batch.seqs[s].num_tokens; ++i, ++t) {
       pos_[t] = batch.seqs[s].start_pos + i;
       seq_[t] = s;
-      if (packed_.token_embedding != nullptr) {
-        packed_.token_embedding->Row(batch.tokens[t], &x_[static_cast<size_t>(t) * dim]);
+      if (packed_.lookup != nullptr) {
+        packed_.lookup->Row(batch.tokens[t], &x_[static_cast<size_t>(t) * dim]);
       } else {
         std::memcpy(&x_[static_cast<size_t>(t) * dim],
                     &w.token_embedding[static_cast<size_t>(batch.tokens[t]) * dim],
@@ -654,12 +705,7 @@ absl::Status CpuBackend::Step(const StepBatch& batch, std::span<float> logits) {
     }
     t += n;
   }
-  // A quantized classifier tied to the embedding is the embedding's panels.
-  const LaidOutWeight* classifier =
-      packed_.classifier != nullptr
-          ? packed_.classifier.get()
-          : (w.quantized_classifier.empty() ? nullptr : packed_.token_embedding.get());
-  Apply({w.classifier.data(), classifier}, last_.data(), dim, rows, c_.vocab_size, dim,
+  Apply({w.classifier.data(), packed_.lm_head}, last_.data(), dim, rows, c_.vocab_size, dim,
         logits.data(), c_.vocab_size);
   return absl::OkStatus();
 }
@@ -715,6 +761,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::shared_ptr<const 
       model->config, model->weights, options.int8_activations && cpu::Int8DotSupported(),
       options.float_panels.value_or(cpu::BestMatmulIsa() == cpu::MatmulIsa::kAvx2));
   if (!packed.ok()) return packed.status();
+  if (AllLaidOut(*packed)) model = WhatTheStepReads(*model, *packed);
   return std::unique_ptr<Backend>(new CpuBackend(std::move(model), kv, threads, std::move(cache),
                                                  std::move(scales), *std::move(packed)));
 }

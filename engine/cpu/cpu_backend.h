@@ -5,7 +5,11 @@
 // and heads. A sequence gets bit-identical logits whatever shares its batch.
 //
 // Float32 matrices are laid out again as the product's panels where that is
-// faster (CpuBackendOptions::float_panels).
+// faster (CpuBackendOptions::float_panels). Once every matrix is laid out
+// (float32 as panels, quantized as below), the backend keeps only the
+// model's norms and biases (and a float32 embedding no panels stand for),
+// not the Model it was given: when nothing else holds that, its rows are
+// freed, and the process holds the weights once.
 //
 // Matrices the model holds quantized (model.h, QuantizedMatrix) stay in their
 // blocks, laid out again at creation: their product equals the float32 one
@@ -36,11 +40,11 @@ struct CpuBackendOptions {
   // processor has AVX2 (cpu::Int8DotSupported()); elsewhere ignored.
   bool int8_activations = false;
   // Float32 matrices laid out once more at creation, as the matrix
-  // product's panels (cpu/float_panels.h): the same logits, one stream
-  // about a quarter faster on the processors measured, at the cost of a
-  // second copy of the float32 matrices (the model keeps its own). nullopt:
-  // where the processor's product is AVX2 (cpu::BestMatmulIsa()); AVX-512
-  // reads the model's rows.
+  // product's panels (cpu/float_panels.h): the same logits, and one stream
+  // reads each panel front to back (docs/performance.md). While the model
+  // is held elsewhere too, its rows stay in memory beside the panels.
+  // nullopt: where the processor's product is AVX2 (cpu::BestMatmulIsa());
+  // AVX-512 reads the model's rows.
   std::optional<bool> float_panels = std::nullopt;
 };
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/cpu/quant_int8.h"
+#include "engine/model/llama2c.h"
 #include "engine/model/quantize.h"
 #include "engine/tokenizer/llama2c_tokenizer.h"
 #include "tests/engine/backend_test_support.h"
@@ -27,6 +28,7 @@ namespace {
 using testing::Generate;
 using testing::GoldenRequests;
 using testing::Iota;
+using testing::ModelsDir;
 using testing::OneByOne;
 using testing::Prompt;
 using testing::ReadGoldens;
@@ -128,6 +130,45 @@ TEST(CpuBackendTest, FloatPanelsGiveTheSameBits) {
       ASSERT_EQ(results[0].size(), results[1].size());
       for (size_t i = 0; i < results[0].size(); ++i) {
         ASSERT_EQ(results[0][i], results[1][i]) << "threads " << threads << " step " << i;
+      }
+    }
+  }
+}
+
+// With every matrix laid out (float32 as panels; quantized too), the backend
+// keeps none of the Model it was given, so its rows can be freed: the Model
+// expires once the caller lets go of it, and the logits are the model's.
+// Reading the model's rows, the backend holds it.
+TEST(CpuBackendTest, LaidOutBackendLetsGoOfTheModel) {
+  ASSERT_NE(Stories(), nullptr);
+  const std::vector<int32_t> prompt = Prompt(5, 512);
+  auto reference = MakeBackend(Stories(), 16, 1, 2);
+  ASSERT_NE(reference, nullptr);
+  const auto want = OneByOne(*reference, prompt, {0});
+  for (const bool quantized : {false, true}) {
+    for (const bool panels : {false, true}) {
+      SCOPED_TRACE(std::string(quantized ? "q8_0" : "fp32") + (panels ? " panels" : " rows"));
+      auto loaded = LoadLlama2cModel(ModelsDir() + "/stories260K/stories260K.bin");
+      ASSERT_TRUE(loaded.ok()) << loaded.status();
+      std::shared_ptr<const Model> model = std::make_shared<const Model>(*std::move(loaded));
+      if (quantized) {
+        // stories260K's w2 (172 columns) stays float32: panels or rows.
+        auto q = QuantizeModel(model, QuantType::kQ8_0);
+        ASSERT_TRUE(q.ok()) << q.status();
+        model = *std::move(q);
+      }
+      const std::weak_ptr<const Model> weak = model;
+      auto backend = CreateCpuBackend(
+          std::move(model),
+          {.kv_cache = {.block_size = 16, .num_blocks = 1}, .threads = 2, .float_panels = panels});
+      ASSERT_TRUE(backend.ok()) << backend.status();
+      EXPECT_EQ(weak.expired(), panels);
+      const auto got = OneByOne(**backend, prompt, {0});
+      if (!quantized) {
+        ASSERT_EQ(got, want);
+      } else {
+        ASSERT_EQ(got.size(), want.size());
+        EXPECT_NE(got, want) << "the quantized weights were not used";
       }
     }
   }
