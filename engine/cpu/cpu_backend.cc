@@ -226,8 +226,8 @@ absl::StatusOr<PackedWeights> PackWeights(const ModelConfig& c, const ModelWeigh
       classifier = PackIf(w.quantized_classifier, out);
     }
   } else {
-    // A float32 classifier, tied to the embedding or not, gets panels of
-    // its own: the embedding's lookups read the model's rows.
+    // A float32 classifier, tied to the embedding or not, gets panels; a
+    // tied embedding's lookups read them (Row).
     classifier = FloatPanelsIf(w.classifier, c.vocab_size, dim, float_panels, out);
   }
   if (!classifier.ok()) return classifier.status();
