@@ -25,6 +25,8 @@
 #include <cstdlib>
 #include <memory>
 
+#include "engine/cpu/thread_pool.h"
+
 namespace coalesce::engine::cpu {
 
 // Rows of W per packed panel (a task of the parallel product is a whole
@@ -76,6 +78,24 @@ void MatmulFewRowsAvx2(const float* x, int64_t ldx, int m, const float* w, int n
 // at a time, with no packing. The same bits as the panel kernels.
 void MatmulLaidOutAvx2(const float* x, int64_t ldx, int m, const float* panels, int rows, int k,
                        float* y, int64_t ldy);
+
+// Runs fn(p0, p1) over runs of whole panels covering [0, num_panels): on
+// this thread when the product's `work` (multiply-adds) is below ~64K, where
+// a thread handoff costs more than it saves, else as a few tasks per thread
+// for balance.
+template <typename Fn>
+void ForPanelRuns(ThreadPool& pool, int num_panels, int64_t work, Fn fn) {
+  const int threads = pool.size();
+  if (threads == 1 || work < (int64_t{1} << 16)) {
+    fn(0, num_panels);
+    return;
+  }
+  const int tasks = std::min(num_panels, threads * 4);
+  pool.ParallelFor(tasks, [&](int task, int) {
+    fn(static_cast<int>(int64_t{num_panels} * task / tasks),
+       static_cast<int>(int64_t{num_panels} * (task + 1) / tasks));
+  });
+}
 
 // This thread's packing buffer, kKBlock x kPanel floats, 64-byte aligned.
 inline float* PanelBuffer() {

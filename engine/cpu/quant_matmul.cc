@@ -255,20 +255,8 @@ void QuantMatmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const Pac
                  float* y, int64_t ldy, MatmulIsa isa) {
   if (m <= 0 || w.rows() <= 0) return;
   const auto panels = isa == MatmulIsa::kAvx512 ? QuantMatmulPanelsAvx512 : QuantMatmulPanelsAvx2;
-  const int num_panels = w.num_panels();
-  const int threads = pool.size();
-  // Below ~64K multiply-adds a thread handoff costs more than it saves.
-  if (threads == 1 || int64_t{m} * w.rows() * w.cols() < (int64_t{1} << 16)) {
-    panels(x, ldx, m, w, 0, num_panels, y, ldy);
-    return;
-  }
-  // A few tasks per thread for balance, each a run of whole panels.
-  const int tasks = std::min(num_panels, threads * 4);
-  pool.ParallelFor(tasks, [&](int task, int) {
-    const int p0 = static_cast<int>(int64_t{num_panels} * task / tasks);
-    const int p1 = static_cast<int>(int64_t{num_panels} * (task + 1) / tasks);
-    panels(x, ldx, m, w, p0, p1, y, ldy);
-  });
+  ForPanelRuns(pool, w.num_panels(), int64_t{m} * w.rows() * w.cols(),
+               [&](int p0, int p1) { panels(x, ldx, m, w, p0, p1, y, ldy); });
 }
 
 }  // namespace coalesce::engine::cpu
