@@ -6,8 +6,9 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
-#include <thread>
 #include <vector>
+
+#include "engine/cpu/thread_pool.h"
 
 namespace coalesce::engine {
 namespace {
@@ -58,7 +59,8 @@ MemoryReadProbe::MemoryReadProbe(int threads, int streams, size_t bytes)
     : threads_(std::max(threads, 1)),
       streams_(std::clamp(streams, 1, 64)),
       floats_(std::max<size_t>(bytes / sizeof(float), 1)),
-      buffer_(new float[floats_]) {
+      buffer_(new float[floats_]),
+      pool_(std::make_unique<cpu::ThreadPool>(threads_)) {
   FillOnes(buffer_.get(), floats_);
 }
 
@@ -67,14 +69,10 @@ MemoryReadProbe::~MemoryReadProbe() = default;
 double MemoryReadProbe::Pass() {
   std::vector<float> sums(threads_);
   const auto start = std::chrono::steady_clock::now();
-  std::vector<std::thread> workers;
-  for (int t = 0; t < threads_; ++t) {
-    workers.emplace_back([&, t] {
-      const size_t begin = floats_ * t / threads_, end = floats_ * (t + 1) / threads_;
-      sums[t] = SumFloats(buffer_.get() + begin, buffer_.get() + end, streams_);
-    });
-  }
-  for (auto& w : workers) w.join();
+  pool_->ParallelFor(threads_, [&](int t, int) {
+    const size_t begin = floats_ * t / threads_, end = floats_ * (t + 1) / threads_;
+    sums[t] = SumFloats(buffer_.get() + begin, buffer_.get() + end, streams_);
+  });
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // The bytes summed: each thread's streams, whole 64-byte steps.

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <memory>
 
+#include "engine/cpu/thread_pool.h"
+
 namespace coalesce::engine {
 
 // The measurement, one pass at a time, over a buffer kept between passes: a
@@ -28,6 +30,10 @@ class MemoryReadProbe {
   int threads_, streams_;
   size_t floats_;
   std::unique_ptr<float[]> buffer_;
+  // The threads that read, kept from pass to pass as an engine's are:
+  // threads started for each pass made some passes read far slower
+  // (docs/performance.md).
+  std::unique_ptr<cpu::ThreadPool> pool_;
 };
 
 // Bytes per second that `threads` threads read from a buffer far larger than
