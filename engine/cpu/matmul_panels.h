@@ -73,9 +73,11 @@ void MatmulFewRowsAvx2(const float* x, int64_t ldx, int m, const float* w, int n
 // W laid out ahead as panels (float_panels.h) with AVX2: `rows` rows of W
 // from panels[0] on, panel after panel ([k][kPanel] floats each, zero rows
 // past `rows`), against the m rows of X: y[i, j] for j < rows. One row of X
-// reads two panels side by side (eight chains, two streams); a few rows take
-// one panel at a time; more go through the tile kernel, kKBlock values of k
-// at a time, with no packing. The same bits as the panel kernels.
+// reads two panels side by side (eight chains, two streams); up to 12 rows
+// read two panels 64 values of k at a time, one row of X after another;
+// more go through the tile kernel, kKBlock values of k at a time, each
+// block copied (not transposed) into the panel buffer. The same bits as the
+// panel kernels.
 void MatmulLaidOutAvx2(const float* x, int64_t ldx, int m, const float* panels, int rows, int k,
                        float* y, int64_t ldy);
 

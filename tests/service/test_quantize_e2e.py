@@ -3,8 +3,9 @@ stories260K's float32 matrices quantized at load (the log and the backend
 line say so); a request's tokens do not depend on its batch-mates, as with
 float32 weights; the answers differ from the float32 model's somewhere, so
 the quantized weights are in use; and what cannot be quantized is refused at
-start-up with exit code 2, naming the flag. (Every server here runs on the
-CPU, whatever COALESCE_SERVER_FLAGS say.)
+start-up with exit code 2, naming the flag. Float32 weights laid out as the
+product's panels (--float_panels) give the model's rows' answers. (Every
+server here runs on the CPU, whatever COALESCE_SERVER_FLAGS say.)
 
     /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/service/test_quantize_e2e.py
 """
@@ -75,9 +76,29 @@ def test_int8_activations_keep_a_request_independent_of_its_batch(pb):
         server.kill()
 
 
+def test_float_panels_change_no_answer(pb):
+    """--float_panels: float32 matrices laid out as the product's panels give
+    the answers the model's rows give, alone and batched, and the log says
+    which layout the backend holds."""
+    answers = {}
+    for value in ("true", "false"):
+        server, client = start_server(["--device=cpu", "--float_panels=" + value])
+        try:
+            client.bind(pb)
+            log = server.log()
+            assert ("backend: cpu: fp32 weights as panels" in log) == (value == "true"), log
+            answers[value] = (greedy_answers(client, together=False),
+                              greedy_answers(client, together=True))
+        finally:
+            server.kill()
+    assert answers["true"][0] == answers["true"][1]
+    assert answers["true"] == answers["false"]
+
+
 @pytest.mark.parametrize("flags,words", [
     (["--device=cpu", "--quantize=q4_k"], "--quantize=q4_k: expected none, q8_0 or q4_0"),
     (["--device=null", "--quantize=q8_0"], "--quantize=q8_0: quantized weights are for the CPU"),
+    (["--device=cpu", "--float_panels=maybe"], "--float_panels=maybe: expected auto, true or false"),
 ])
 def test_what_cannot_be_quantized_is_refused_at_start_up(flags, words):
     out = subprocess.run([SERVER, "--model=" + MODEL_BIN, "--tokenizer=" + TOKENIZER_BIN]
