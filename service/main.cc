@@ -14,6 +14,7 @@
 #include "common/clock.h"
 #include "common/flags.h"
 #include "common/log.h"
+#include "engine/cpu/cpu_backend.h"
 #include "engine/model/quantize.h"
 #include "service/backend_factory.h"
 #include "service/library_logs.h"
@@ -232,13 +233,10 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   if (!quantize.ok()) return quantize.status();
   o.quantize = *quantize;
   o.int8_activations = absl::GetFlag(FLAGS_int8_activations);
-  if (const std::string panels = absl::GetFlag(FLAGS_float_panels); panels != "auto") {
-    if (panels != "true" && panels != "false") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--float_panels=", panels, ": expected auto, true or false"));
-    }
-    o.float_panels = panels == "true";
-  }
+  absl::StatusOr<std::optional<bool>> float_panels =
+      engine::ParseFloatPanelsFlag(absl::GetFlag(FLAGS_float_panels));
+  if (!float_panels.ok()) return float_panels.status();
+  o.float_panels = *float_panels;
   o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   absl::StatusOr<int> fault = service::ParseFaultInjection(absl::GetFlag(FLAGS_fault_injection));
   if (!fault.ok()) return fault.status();

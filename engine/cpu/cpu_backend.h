@@ -24,6 +24,7 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "engine/backend.h"
@@ -47,6 +48,10 @@ struct CpuBackendOptions {
   // AVX-512 reads the model's rows.
   std::optional<bool> float_panels = std::nullopt;
 };
+
+// --float_panels's values: "auto" (nullopt), "true" or "false".
+// INVALID_ARGUMENT, naming the flag, for anything else.
+absl::StatusOr<std::optional<bool>> ParseFloatPanelsFlag(const std::string& text);
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::shared_ptr<const Model> model,
                                                           const CpuBackendOptions& options);

@@ -7,9 +7,9 @@
 // read side by side and transposed in registers. For one row of X that is
 // either one chain per 8 outputs (8 rows, 8 streams from memory a thread) or
 // more streams than the memory system serves well. Laid out as panels of 32
-// rows, [k][32], one row of X reads each panel front to back as one stream
-// and keeps four chains per panel, and many rows of X read it without the
-// packing step. The arithmetic is Matmul's, bit for bit (kernels.h): every
+// rows, [k][32], one row of X reads two panels side by side, each front to
+// back (two streams, four chains a panel), and many rows of X read them
+// without the transposing step. The arithmetic is Matmul's, bit for bit (kernels.h): every
 // output is one chain of fused multiply-adds over k in increasing order.
 #pragma once
 

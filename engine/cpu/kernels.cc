@@ -247,7 +247,7 @@ namespace {
 // P * kPanel rows the first `rows` are stored to y.
 template <int P, int R>
 void PanelsAgainstRows(const float* x, int64_t ldx, const float* panel, int64_t stride, int k,
-                       int rows, float* y, int64_t ldy, bool accumulate = false) {
+                       int rows, float* y, int64_t ldy, bool accumulate) {
   __m256 acc[R][P][4];
   for (int r = 0; r < R; ++r) {
     for (int p = 0; p < P; ++p) {
@@ -302,27 +302,17 @@ void MatmulLaidOutAvx2(const float* x, int64_t ldx, int m, const float* panels, 
                        float* y, int64_t ldy) {
   const int64_t stride = int64_t{k} * kPanel;
   const int num = (rows + kPanel - 1) / kPanel;
-  if (m == 1) {
-    int p = 0;
-    for (; p + 2 <= num; p += 2) {
-      PanelsAgainstRows<2, 1>(x, ldx, panels + p * stride, stride, k, rows - p * kPanel,
-                              y + p * kPanel, ldy);
-    }
-    if (p < num) {
-      PanelsAgainstRows<1, 1>(x, ldx, panels + p * stride, stride, k, rows - p * kPanel,
-                              y + p * kPanel, ldy);
-    }
-    return;
-  }
   if (m <= kMaxRowsSideBySide) {
-    // Two panels side by side, one row of X at a time, over
-    // kLaidOutKBlock values of k at a time: the later rows read them from
-    // the first level of cache, and each chain continues from the partial
-    // sum the block before stored in y.
+    // Two panels side by side (the last one alone), one row of X at a
+    // time. Several rows go over kLaidOutKBlock values of k at a time: the
+    // later rows read them from the first level of cache, and each chain
+    // continues from the partial sum the block before stored in y. One row
+    // reads each pair front to back.
+    const int k_block = m == 1 ? k : kLaidOutKBlock;
     for (int p = 0; p < num; p += 2) {
       const int left = rows - p * kPanel;
-      for (int k0 = 0; k0 < k; k0 += kLaidOutKBlock) {
-        const int kb = std::min(kLaidOutKBlock, k - k0);
+      for (int k0 = 0; k0 < k; k0 += k_block) {
+        const int kb = std::min(k_block, k - k0);
         const float* panel = panels + p * stride + int64_t{k0} * kPanel;
         for (int i = 0; i < m; ++i) {
           const float* xi = x + i * ldx + k0;

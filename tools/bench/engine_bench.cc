@@ -357,13 +357,13 @@ int Run() {
   engine::CpuBackendOptions options;
   options.threads = absl::GetFlag(FLAGS_threads);
   options.int8_activations = absl::GetFlag(FLAGS_int8_activations);
-  if (const std::string panels = absl::GetFlag(FLAGS_float_panels); panels != "auto") {
-    if (panels != "true" && panels != "false") {
-      std::fprintf(stderr, "--float_panels: auto, true or false, not %s\n", panels.c_str());
-      return 1;
-    }
-    options.float_panels = panels == "true";
+  absl::StatusOr<std::optional<bool>> float_panels =
+      engine::ParseFloatPanelsFlag(absl::GetFlag(FLAGS_float_panels));
+  if (!float_panels.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(float_panels.status().message()).c_str());
+    return 1;
   }
+  options.float_panels = *float_panels;
   // The variants measured side by side: one backend per KV cache type, or
   // (--compare_quantized) the model's weights dequantized and kept
   // quantized; each with room for the largest batch.
