@@ -125,6 +125,15 @@ class CudaBackend final : public Backend {
     RETURN_IF_ERROR(CheckSampleSizes(batch, sampling.size(), tokens.size()));
     return Run(batch, sampling, {}, tokens);
   }
+  // Copies on the step's stream: after every step enqueued before, before
+  // every one after.
+  absl::Status CopyBlocks(std::span<const BlockCopy> copies) override;
+  BackendCapabilities capabilities() const override {
+    return {.runs_model = true,
+            .weights_in_host_memory = false,
+            .overlap_pays = true,
+            .copies_blocks = true};
+  }
   const ModelConfig& config() const override { return c_; }
   const KvCacheConfig& kv_cache() const override { return kv_; }
   std::string_view name() const override { return "cuda"; }
@@ -222,6 +231,25 @@ template <typename T>
 absl::Status CudaBackend<T>::Check(absl::Status status) {
   if (status.code() == kDeviceLostCode && lost_.ok()) lost_ = status;
   return status;
+}
+
+template <typename T>
+absl::Status CudaBackend<T>::CopyBlocks(std::span<const BlockCopy> copies) {
+  if (!lost_.ok()) return lost_;
+  if (absl::Status s = ValidateBlockCopies(kv_, copies); !s.ok()) return s;
+  // A block's K (or V) of one layer is block_size contiguous slots, and the
+  // 2 * n_layers slabs of the cache are kv_slots_ slots apart: one strided
+  // copy per block.
+  const size_t block = size_t{sizeof(T)} * kv_.block_size * c_.kv_dim();
+  const size_t pitch = size_t{sizeof(T)} * kv_slots_ * c_.kv_dim();
+  char* base = kv_cache_.get<char>();
+  for (const BlockCopy& c : copies) {
+    const cudaError_t err =
+        cudaMemcpy2DAsync(base + block * c.to, pitch, base + block * c.from, pitch, block,
+                          size_t{2} * c_.n_layers, cudaMemcpyDeviceToDevice, stream_);
+    if (err != cudaSuccess) return Check(cuda::CudaError(err, "cudaMemcpy2DAsync"));
+  }
+  return absl::OkStatus();
 }
 
 template <typename T>

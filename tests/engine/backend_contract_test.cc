@@ -265,9 +265,11 @@ struct CudaKind {
   static constexpr Agreement kReferenceAgreement =
       P == Precision::kFp32 ? Agreement{.max_relative = 1e-5} : Agreement{.max_relative = 5e-2};
 
-  // The default capabilities: weights in device memory.
-  static constexpr BackendCapabilities kCapabilities = {
-      .runs_model = true, .weights_in_host_memory = false, .overlap_pays = true};
+  // Weights in device memory; KV blocks copied on the device.
+  static constexpr BackendCapabilities kCapabilities = {.runs_model = true,
+                                                        .weights_in_host_memory = false,
+                                                        .overlap_pays = true,
+                                                        .copies_blocks = true};
   static std::vector<std::string> DescribeWords() {
     return {"cuda: ", std::string(PrecisionName(P)) + " weights"};
   }
