@@ -284,16 +284,299 @@ AttentionKernel<T> PickAttentionKernel(int head_dim, int ratio) {
   return nullptr;  // unreachable for head_dim <= kMaxHeadDim, ratio <= kMaxGqaRatio
 }
 
+// ---------------------------------------------------------------------------
+// Paged attention over fixed-size splits
+// ---------------------------------------------------------------------------
+
+constexpr int kSplitWarps = 4;
+constexpr int kSplitThreads = kSplitWarps * 32;
+constexpr int kSplitStages = 2;  // the tile in use and the next one, in flight
+
+__device__ __forceinline__ void CopyAsync16(void* shared, const void* global) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global));
+}
+__device__ __forceinline__ void CopyAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void CopyAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// One 32-bit word of T as floats: one float, or two 16-bit values.
+__device__ __forceinline__ void UnpackWord(uint32_t w, float* out, float) {
+  out[0] = __uint_as_float(w);
+}
+__device__ __forceinline__ void UnpackWord(uint32_t w, float* out, __nv_bfloat16) {
+  __nv_bfloat162 pair;
+  memcpy(&pair, &w, sizeof(pair));
+  const float2 f = __bfloat1622float2(pair);
+  out[0] = f.x;
+  out[1] = f.y;
+}
+__device__ __forceinline__ void UnpackWord(uint32_t w, float* out, __half) {
+  __half2 pair;
+  memcpy(&pair, &w, sizeof(pair));
+  const float2 f = __half22float2(pair);
+  out[0] = f.x;
+  out[1] = f.y;
+}
+
+// N consecutive values of T at p (aligned to their size, at least 4 bytes)
+// as floats, in loads as wide as they allow.
+template <typename T, int N>
+__device__ __forceinline__ void LoadAsFloats(const char* p, float (&out)[N]) {
+  constexpr int kBytes = N * static_cast<int>(sizeof(T));
+  constexpr int kPerWord = 4 / static_cast<int>(sizeof(T));
+  static_assert(kBytes % 4 == 0, "whole 32-bit words");
+  if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 16; ++i) {
+      const uint4 r = reinterpret_cast<const uint4*>(p)[i];
+      const uint32_t words[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) UnpackWord(words[w], out + (4 * i + w) * kPerWord, T{});
+    }
+  } else if constexpr (kBytes == 8) {
+    const uint2 r = *reinterpret_cast<const uint2*>(p);
+    UnpackWord(r.x, out, T{});
+    UnpackWord(r.y, out + kPerWord, T{});
+  } else {
+    static_assert(kBytes == 4, "4, 8 or a multiple of 16 bytes");
+    UnpackWord(*reinterpret_cast<const uint32_t*>(p), out, T{});
+  }
+}
+
+// Shared memory of SplitAttentionKernel, in bytes: q of the group's query
+// heads as float [ratio, head_dim]; the split's block ids; then kSplitStages
+// stages of a K tile [kSplitTile, row + 16] and a V tile [kSplitTile, row],
+// raw T (row = head_dim * sizeof(T)). Lane j scores key j of a tile with
+// 16-byte loads along its K row; the extra 16 bytes put the eight lanes of a
+// quarter-warp on distinct bank quads. The V tile is read a row at a time by
+// the whole warp: no padding needed.
+struct SplitSmem {
+  int row, k_stride, table_offset, stages_offset, stage_bytes, total;
+  __host__ __device__ SplitSmem(int head_dim, int element_bytes, int ratio, int split_size,
+                                int block_size) {
+    row = head_dim * element_bytes;
+    k_stride = row + 16;
+    table_offset = ratio * head_dim * 4;  // a multiple of 16: head_dim is
+    const int blocks = split_size / block_size + 2;
+    stages_offset = table_offset + (blocks * 4 + 15) / 16 * 16;
+    stage_bytes = kSplitTile * (k_stride + row);
+    total = stages_offset + kSplitStages * stage_bytes;
+  }
+};
+
+// One (token, KV head, split of s.split_size positions): every query head of
+// the KV head (kHeadsPerWarp per warp), head size kHd. Scores: lane j takes
+// key j of the tile. Values: lane i keeps output elements
+// [i * kHd / 32, (i + 1) * kHd / 32) of each of its warp's heads.
+template <typename T, int kHeadsPerWarp, int kHd>
+__global__ void __launch_bounds__(kSplitThreads)
+    SplitAttentionKernel(const float* q, const T* k_cache, const T* v_cache,
+                         const int32_t* positions, const int32_t* token_seq,
+                         const int32_t* block_tables, AttentionShape s, float* partial_out,
+                         float* partial_ml, T* out) {
+  constexpr int kPerLane = kHd / 32;
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // values per 16-byte chunk
+  constexpr int kChunks = kHd / kVec;                     // chunks per row
+  extern __shared__ float4 smem4[];                       // float4: 16-byte aligned
+  char* smem = reinterpret_cast<char*>(smem4);
+  const int t = blockIdx.x, g = blockIdx.y, split = blockIdx.z;
+  const int ctx = positions[t] + 1;
+  const int begin = split * s.split_size;
+  if (begin >= ctx) return;  // past the token's context: the combine reads no partial here
+  const int end = min(ctx, begin + s.split_size);
+  const int ratio = s.n_heads / s.n_kv_heads, kv_dim = s.n_kv_heads * kHd;
+  const SplitSmem layout(kHd, sizeof(T), ratio, s.split_size, s.block_size);
+  float* q_group = reinterpret_cast<float*>(smem);  // [ratio, kHd]
+  int32_t* blocks = reinterpret_cast<int32_t*>(smem + layout.table_offset);
+  char* stages = smem + layout.stages_offset;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  // The split's block ids and the group's q, before any load is issued.
+  const int32_t* table = block_tables + static_cast<int64_t>(token_seq[t]) * s.max_blocks_per_seq;
+  const int first_block = begin / s.block_size;
+  const int n_blocks = (end - 1) / s.block_size - first_block + 1;
+  for (int i = threadIdx.x; i < n_blocks; i += kSplitThreads) blocks[i] = table[first_block + i];
+  const float* q_row =
+      q + static_cast<int64_t>(t) * s.q_stride + static_cast<int64_t>(g) * ratio * kHd;
+  for (int i = threadIdx.x; i < ratio * kHd; i += kSplitThreads) q_group[i] = q_row[i];
+  __syncthreads();
+
+  const int n_tiles = (end - begin + kSplitTile - 1) / kSplitTile;
+  // Issues the copies of tile `tile` into stage `tile % kSplitStages`, as one
+  // group of this thread's copies.
+  auto issue = [&](int tile) {
+    const int base = begin + tile * kSplitTile, n = min(kSplitTile, end - base);
+    char* k_dst = stages + (tile % kSplitStages) * layout.stage_bytes;
+    char* v_dst = k_dst + kSplitTile * layout.k_stride;
+    for (int i = threadIdx.x; i < n * kChunks; i += kSplitThreads) {
+      const int j = i / kChunks, c = i - j * kChunks, p = base + j;
+      const int64_t slot =
+          static_cast<int64_t>(blocks[p / s.block_size - first_block]) * s.block_size +
+          p % s.block_size;
+      const int64_t offset = slot * kv_dim + static_cast<int64_t>(g) * kHd + c * kVec;
+      CopyAsync16(k_dst + j * layout.k_stride + c * 16, k_cache + offset);
+      CopyAsync16(v_dst + j * layout.row + c * 16, v_cache + offset);
+    }
+    CopyAsyncCommit();
+  };
+
+  float m[kHeadsPerWarp], l[kHeadsPerWarp], acc[kHeadsPerWarp][kPerLane];
+#pragma unroll
+  for (int hi = 0; hi < kHeadsPerWarp; ++hi) {
+    m[hi] = -INFINITY;
+    l[hi] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kPerLane; ++e) acc[hi][e] = 0.0f;
+  }
+  const float scale = rsqrtf(static_cast<float>(kHd));
+
+  issue(0);
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    if (tile + 1 < n_tiles) {
+      issue(tile + 1);
+      CopyAsyncWait<1>();  // this thread's copies of `tile` have landed
+    } else {
+      CopyAsyncWait<0>();
+    }
+    __syncthreads();  // and every other thread's
+    const int n = min(kSplitTile, end - (begin + tile * kSplitTile));
+    const char* k_tile = stages + (tile % kSplitStages) * layout.stage_bytes;
+    const char* v_tile = k_tile + kSplitTile * layout.k_stride;
+
+    // Scores: each lane its key's row, once, against each of its warp's heads,
+    // four independent sums per head.
+    float dot[kHeadsPerWarp][4];
+#pragma unroll
+    for (int hi = 0; hi < kHeadsPerWarp; ++hi) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) dot[hi][u] = 0.0f;
+    }
+    if (lane < n) {
+      const char* k_row = k_tile + lane * layout.k_stride;
+#pragma unroll 4
+      for (int c = 0; c < kChunks; ++c) {
+        float kf[kVec];
+        LoadAsFloats<T, kVec>(k_row + c * 16, kf);
+#pragma unroll
+        for (int hi = 0; hi < kHeadsPerWarp; ++hi) {
+          const int h = warp + hi * kSplitWarps;
+          if (h < ratio) {  // warp-uniform
+            const float4* qh = reinterpret_cast<const float4*>(q_group + h * kHd + c * kVec);
+#pragma unroll
+            for (int e = 0; e < kVec / 4; ++e) {
+              const float4 a = qh[e];
+              dot[hi][0] += a.x * kf[4 * e];
+              dot[hi][1] += a.y * kf[4 * e + 1];
+              dot[hi][2] += a.z * kf[4 * e + 2];
+              dot[hi][3] += a.w * kf[4 * e + 3];
+            }
+          }
+        }
+      }
+    }
+    // Online softmax, per head.
+    float p[kHeadsPerWarp];
+#pragma unroll
+    for (int hi = 0; hi < kHeadsPerWarp; ++hi) {
+      p[hi] = 0.0f;
+      if (warp + hi * kSplitWarps < ratio) {
+        const float score =
+            lane < n ? ((dot[hi][0] + dot[hi][1]) + (dot[hi][2] + dot[hi][3])) * scale : -INFINITY;
+        const float m_new = fmaxf(m[hi], WarpMax(score));  // finite: n >= 1
+        p[hi] = lane < n ? expf(score - m_new) : 0.0f;
+        const float correction = expf(m[hi] - m_new);  // 0 on the first tile
+        l[hi] = l[hi] * correction + WarpSum(p[hi]);
+#pragma unroll
+        for (int e = 0; e < kPerLane; ++e) acc[hi][e] *= correction;
+        m[hi] = m_new;
+      }
+    }
+    // Values: row j of the V tile, the lane's elements, for every head.
+    if (warp < ratio) {
+#pragma unroll 4
+      for (int j = 0; j < n; ++j) {
+        float vf[kPerLane];
+        LoadAsFloats<T, kPerLane>(v_tile + j * layout.row + lane * kPerLane * sizeof(T), vf);
+#pragma unroll
+        for (int hi = 0; hi < kHeadsPerWarp; ++hi) {
+          if (warp + hi * kSplitWarps < ratio) {
+            const float pj = __shfl_sync(kFullMask, p[hi], j);
+#pragma unroll
+            for (int e = 0; e < kPerLane; ++e) acc[hi][e] += pj * vf[e];
+          }
+        }
+      }
+    }
+    __syncthreads();  // the stage is used up before the next issue refills it
+  }
+
+#pragma unroll
+  for (int hi = 0; hi < kHeadsPerWarp; ++hi) {
+    const int h = warp + hi * kSplitWarps;
+    if (h < ratio) {
+      const int64_t head = static_cast<int64_t>(t) * s.n_heads + g * ratio + h;
+      if (s.num_splits == 1) {
+        // The combine's arithmetic for one split (weight exp(0) = 1): the
+        // same bits.
+        const float inv = 1.0f / l[hi];
+#pragma unroll
+        for (int e = 0; e < kPerLane; ++e) {
+          out[head * kHd + lane * kPerLane + e] = FromFloat<T>(acc[hi][e] * inv);
+        }
+      } else {
+        const int64_t idx = head * s.num_splits + split;
+#pragma unroll
+        for (int e = 0; e < kPerLane; ++e) {
+          partial_out[idx * kHd + lane * kPerLane + e] = acc[hi][e];
+        }
+        if (lane == 0) {
+          partial_ml[idx * 2] = m[hi];
+          partial_ml[idx * 2 + 1] = l[hi];
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+using SplitKernel = void (*)(const float*, const T*, const T*, const int32_t*, const int32_t*,
+                             const int32_t*, AttentionShape, float*, float*, T*);
+
+// The instantiation for this head size (SplitAttentionSupported) and GQA
+// ratio (query heads per warp: 1, 2, 4).
+template <typename T>
+SplitKernel<T> PickSplitKernel(int head_dim, int ratio) {
+  const int heads = (ratio + kSplitWarps - 1) / kSplitWarps;
+  const int heads_per_warp = heads <= 1 ? 1 : heads <= 2 ? 2 : 4;
+#define COALESCE_PICK(H, D) \
+  if (heads_per_warp == H && head_dim == D) return SplitAttentionKernel<T, H, D>;
+#define COALESCE_PICK_D(H) COALESCE_PICK(H, 64) COALESCE_PICK(H, 128) COALESCE_PICK(H, 256)
+  COALESCE_PICK_D(1)
+  COALESCE_PICK_D(2)
+  COALESCE_PICK_D(4)
+#undef COALESCE_PICK_D
+#undef COALESCE_PICK
+  return nullptr;
+}
+
 // Merges the splits of one (token, head): rescales each split's sum and
 // output by exp(m_split - m_max). The splits' weights are worked out once, in
 // shared memory, so the output loop only streams the partial outputs.
+// With a split_size, token t has ceil(context / split_size) splits of the
+// num_splits its partials are spaced by.
 template <typename T>
 __global__ void AttentionCombineKernel(const float* partial_out, const float* partial_ml,
-                                       AttentionShape s, T* out) {
+                                       const int32_t* positions, AttentionShape s, T* out) {
   __shared__ float m_split[kMaxSplits], l_split[kMaxSplits], weight[kMaxSplits];
   __shared__ float inv_sum;
-  const int t = blockIdx.x, h = blockIdx.y, hd = s.head_dim, splits = s.num_splits;
-  const int64_t idx0 = (static_cast<int64_t>(t) * s.n_heads + h) * splits;
+  const int t = blockIdx.x, h = blockIdx.y, hd = s.head_dim;
+  const int splits = s.split_size > 0
+                         ? min(s.num_splits, (positions[t] + s.split_size) / s.split_size)
+                         : s.num_splits;
+  const int64_t idx0 = (static_cast<int64_t>(t) * s.n_heads + h) * s.num_splits;
   for (int i = threadIdx.x; i < splits; i += blockDim.x) {
     m_split[i] = partial_ml[(idx0 + i) * 2];
     l_split[i] = partial_ml[(idx0 + i) * 2 + 1];
@@ -347,8 +630,25 @@ cudaError_t PagedAttention(const float* q, const T* k_cache, const T* v_cache,
   if (shape.rows <= 0) return cudaGetLastError();
   if (shape.head_dim > kMaxHeadDim || shape.n_kv_heads <= 0 ||
       shape.n_heads % shape.n_kv_heads != 0 || shape.n_heads / shape.n_kv_heads > kMaxGqaRatio ||
-      shape.num_splits < 1 || shape.num_splits > kMaxSplits) {
+      shape.num_splits < 1 || shape.num_splits > kMaxSplits || shape.split_size < 0 ||
+      shape.split_size % kSplitTile != 0 ||
+      (shape.split_size > 0 && !SplitAttentionSupported(shape.head_dim))) {
     return cudaErrorInvalidValue;
+  }
+  const dim3 combine_grid(shape.rows, shape.n_heads);
+  const int combine_threads = shape.head_dim >= 128 ? 128 : 64;
+  if (shape.split_size > 0) {
+    const int ratio = shape.n_heads / shape.n_kv_heads;
+    const SplitSmem layout(shape.head_dim, sizeof(T), ratio, shape.split_size, shape.block_size);
+    const dim3 grid(shape.rows, shape.n_kv_heads, shape.num_splits);
+    PickSplitKernel<T>(shape.head_dim, ratio)<<<grid, kSplitThreads, layout.total, stream>>>(
+        q, k_cache, v_cache, positions, token_seq, block_tables, shape, partial_out, partial_ml,
+        out);
+    if (shape.num_splits > 1) {
+      AttentionCombineKernel<T><<<combine_grid, combine_threads, 0, stream>>>(
+          partial_out, partial_ml, positions, shape, out);
+    }
+    return cudaGetLastError();
   }
   const size_t shared = AttentionSharedBytes(shape.head_dim, shape.n_heads / shape.n_kv_heads);
   const AttentionKernel<T> kernel =
@@ -356,18 +656,31 @@ cudaError_t PagedAttention(const float* q, const T* k_cache, const T* v_cache,
   const dim3 grid(shape.rows, shape.n_kv_heads, shape.num_splits);
   kernel<<<grid, kAttnWarps * 32, shared, stream>>>(q, k_cache, v_cache, positions, token_seq,
                                                     block_tables, shape, partial_out, partial_ml);
-  const dim3 combine_grid(shape.rows, shape.n_heads);
-  AttentionCombineKernel<T><<<combine_grid, shape.head_dim >= 128 ? 128 : 64, 0, stream>>>(
-      partial_out, partial_ml, shape, out);
+  AttentionCombineKernel<T><<<combine_grid, combine_threads, 0, stream>>>(partial_out, partial_ml,
+                                                                          positions, shape, out);
   return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t ConfigureAttention(int head_dim, int gqa_ratio) {
   if (head_dim > kMaxHeadDim || gqa_ratio > kMaxGqaRatio) return cudaErrorInvalidValue;
-  return cudaFuncSetAttribute(PickAttentionKernel<T>(head_dim, gqa_ratio),
-                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(AttentionSharedBytes(head_dim, gqa_ratio)));
+  if (const cudaError_t err = cudaFuncSetAttribute(
+          PickAttentionKernel<T>(head_dim, gqa_ratio), cudaFuncAttributeMaxDynamicSharedMemorySize,
+          static_cast<int>(AttentionSharedBytes(head_dim, gqa_ratio)));
+      err != cudaSuccess || !SplitAttentionSupported(head_dim)) {
+    return err;
+  }
+  // The split kernel's need depends on split_size and block_size: allow it
+  // all the device gives a block.
+  int device = 0, most = 0;
+  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  if (const cudaError_t err =
+          cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+      err != cudaSuccess) {
+    return err;
+  }
+  return cudaFuncSetAttribute(PickSplitKernel<T>(head_dim, gqa_ratio),
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, most);
 }
 
 #define COALESCE_INSTANTIATE(T)                                                                  \

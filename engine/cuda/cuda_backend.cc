@@ -20,6 +20,11 @@
 // never change, so a decode step can replay a CUDA graph captured for its
 // batch-size bucket: a batch of n decoding sequences runs as the smallest
 // bucket >= n, the extra rows decoding a dummy token into a scratch KV block.
+// Where the head size allows (cuda::SplitAttentionSupported), attention cuts
+// each token's context into splits of a fixed number of positions
+// (split_size_), so that a token's result is the same in any batch; a graph
+// is then captured per (bucket, splits of the longest context, rounded up:
+// NumSplits).
 // ("cuBLAS" above: a step of one token takes the skinny product of
 // cuda/kernels.h instead, which reads the weights faster; see Gemm.)
 #include "engine/cuda/cuda_backend.h"
@@ -104,6 +109,14 @@ int DecodeBucket(int n, int max_seqs) {
   return std::min(bucket, max_seqs);
 }
 
+// Positions per attention split: at least 128 (four tiles of the split
+// kernel), more where the longest context would otherwise need more than
+// cuda::kMaxSplits splits.
+int SplitSize(int max_seq_len) {
+  const int most = (max_seq_len + cuda::kMaxSplits - 1) / cuda::kMaxSplits;
+  return std::max(128, (most + cuda::kSplitTile - 1) / cuda::kSplitTile * cuda::kSplitTile);
+}
+
 // ---------------------------------------------------------------------------
 // The backend
 // ---------------------------------------------------------------------------
@@ -162,17 +175,19 @@ class CudaBackend final : public Backend {
                    std::span<float> logits, std::span<int32_t> tokens);
   // Copies the inputs up, runs the step (a graph for a captured decode
   // bucket), and copies the tokens (or, without sampling, the logits) back.
-  absl::Status Execute(size_t meta_bytes, int rows, int seqs, bool decode, int n,
+  absl::Status Execute(size_t meta_bytes, int rows, int seqs, bool decode, int n, int splits,
                        std::span<float> logits, std::span<int32_t> tokens);
   // Enqueues the forward pass (and the sampling when `sample`) for the
   // inputs already in meta_.
-  absl::Status Forward(int rows, int seqs, bool sample);
+  absl::Status Forward(int rows, int seqs, bool sample, int splits);
   absl::Status Gemm(const T* x, int rows, int in, const T* w, int out, float* y);
-  int NumSplits(int rows) const;
+  // The attention splits of a step of `rows` tokens whose longest context is
+  // `context` positions (a graph's: its rounded count).
+  int NumSplits(int rows, int context, bool graph) const;
   // With options_.stage_times: records an event that ends `stage` (nullptr:
   // the start of the step).
   absl::Status Mark(const char* stage);
-  absl::Status CaptureDecodeGraph(int bucket);
+  absl::Status CaptureDecodeGraph(int bucket, int splits);
   absl::Status Check(absl::Status status);  // records a lost device
 
   T* KCache(int layer) const {
@@ -200,6 +215,7 @@ class CudaBackend final : public Backend {
 
   // Activations, sized for max_batch_tokens rows and max_seqs sequences.
   int max_rows_ = 0, max_seqs_ = 0, max_blocks_per_seq_ = 0, partial_capacity_ = 0;
+  int split_size_ = 0;  // AttentionShape::split_size: 0 for the count-based splits
   DeviceBuffer x_, delta_, x_norm_, qkv_, att_, gate_up_, act_, last_;
   DeviceBuffer partial_out_, partial_ml_, logits_, probs_, next_tokens_;
   DeviceBuffer cublas_workspace_;
@@ -212,16 +228,16 @@ class CudaBackend final : public Backend {
   DeviceBuffer kv_cache_;
   int64_t kv_slots_ = 0;
 
-  std::map<int, cudaGraphExec_t> graphs_;  // decode bucket -> graph
-  std::vector<int32_t> block_owner_;       // ValidateStep's scratch
-  std::vector<cudaEvent_t> marks_;         // Mark's events, reused each step
-  std::vector<const char*> mark_names_;    // [marks_.size()] the stage each ends
-  size_t num_marks_ = 0;                   // marks recorded in this step
+  std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (bucket, splits) -> graph
+  std::vector<int32_t> block_owner_;                       // ValidateStep's scratch
+  std::vector<cudaEvent_t> marks_;                         // Mark's events, reused each step
+  std::vector<const char*> mark_names_;                    // [marks_.size()] the stage each ends
+  size_t num_marks_ = 0;                                   // marks recorded in this step
 };
 
 template <typename T>
 CudaBackend<T>::~CudaBackend() {
-  for (auto& [bucket, exec] : graphs_) cudaGraphExecDestroy(exec);
+  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
   for (cudaEvent_t event : marks_) cudaEventDestroy(event);
   if (cublas_ != nullptr) cublas_api_->destroy(cublas_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -404,7 +420,25 @@ absl::Status CudaBackend<T>::RandomWeights() {
 }
 
 template <typename T>
-int CudaBackend<T>::NumSplits(int rows) const {
+int CudaBackend<T>::NumSplits(int rows, int context, bool graph) const {
+  if (split_size_ > 0) {
+    int splits = std::max(1, (context + split_size_ - 1) / split_size_);
+    if (graph) {
+      // A graph per count would be many: round up to 1, 2, 3, 4, 6, 8, 12,
+      // ... (at most a third of the splits past the contexts, which end at
+      // once).
+      int rounded = 1;
+      while (rounded < splits) {
+        if (rounded >= 2 && rounded * 3 / 2 >= splits) {
+          rounded = rounded * 3 / 2;
+          break;
+        }
+        rounded *= 2;
+      }
+      splits = std::min(rounded, partial_capacity_ / max_rows_);
+    }
+    return splits;
+  }
   // Enough (token, KV head, split) blocks for two waves over the
   // multiprocessors; long prompts need no split.
   const int blocks = std::max(1, rows * c_.n_kv_heads);
@@ -418,7 +452,15 @@ absl::Status CudaBackend<T>::AllocateActivations() {
   max_rows_ = std::max(options_.max_batch_tokens, 1);
   max_seqs_ = std::clamp(options_.max_seqs, 1, max_rows_);
   max_blocks_per_seq_ = (c_.max_seq_len + kv_.block_size - 1) / kv_.block_size;
-  partial_capacity_ = max_rows_ + 2 * props_.multiProcessorCount;
+  // Fixed-size splits: every row may need the most splits. Otherwise the
+  // count shrinks as rows grow (NumSplits).
+  if (options_.fixed_size_splits && cuda::SplitAttentionSupported(c_.head_dim())) {
+    split_size_ = SplitSize(c_.max_seq_len);
+    partial_capacity_ = max_rows_ * ((c_.max_seq_len + split_size_ - 1) / split_size_);
+  } else {
+    split_size_ = 0;
+    partial_capacity_ = max_rows_ + 2 * props_.multiProcessorCount;
+  }
   const int64_t rows = max_rows_, seqs = max_seqs_, dim = c_.dim, h = c_.hidden_dim;
   const int64_t qkv_width = c_.n_heads * c_.head_dim() + 2 * c_.kv_dim();
   const std::pair<DeviceBuffer*, int64_t> buffers[] = {
@@ -516,7 +558,7 @@ absl::Status CudaBackend<T>::Gemm(const T* x, int rows, int in, const T* w, int 
 }
 
 template <typename T>
-absl::Status CudaBackend<T>::Forward(int rows, int seqs, bool sample) {
+absl::Status CudaBackend<T>::Forward(int rows, int seqs, bool sample, int splits) {
   const int32_t* meta = meta_.get<int32_t>();
   const MetaLayout& m = meta_layout_;
   const int dim = c_.dim, hidden = c_.hidden_dim, hd = c_.head_dim();
@@ -534,7 +576,8 @@ absl::Status CudaBackend<T>::Forward(int rows, int seqs, bool sample) {
   shape.head_dim = hd;
   shape.block_size = kv_.block_size;
   shape.max_blocks_per_seq = max_blocks_per_seq_;
-  shape.num_splits = NumSplits(rows);
+  shape.num_splits = splits;
+  shape.split_size = split_size_;
   shape.q_stride = qkv_width;
 
   num_marks_ = 0;
@@ -594,10 +637,10 @@ absl::Status CudaBackend<T>::Forward(int rows, int seqs, bool sample) {
 }
 
 template <typename T>
-absl::Status CudaBackend<T>::CaptureDecodeGraph(int bucket) {
+absl::Status CudaBackend<T>::CaptureDecodeGraph(int bucket, int splits) {
   cudaGraph_t graph = nullptr;
   CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  const absl::Status forward = Forward(bucket, bucket, /*sample=*/true);
+  const absl::Status forward = Forward(bucket, bucket, /*sample=*/true, splits);
   const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
   if (!forward.ok()) {
     if (graph != nullptr) cudaGraphDestroy(graph);
@@ -608,7 +651,7 @@ absl::Status CudaBackend<T>::CaptureDecodeGraph(int bucket) {
   const cudaError_t instantiate = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   CUDA_RETURN_IF_ERROR(instantiate);
-  graphs_[bucket] = exec;
+  graphs_[{bucket, splits}] = exec;
   return absl::OkStatus();
 }
 
@@ -675,12 +718,18 @@ absl::Status CudaBackend<T>::Run(const StepBatch& batch, std::span<const SampleS
   }
   const size_t meta_bytes =
       (m.block_tables + static_cast<size_t>(seqs) * max_blocks_per_seq_) * sizeof(int32_t);
-  return Check(Execute(meta_bytes, rows, seqs, decode, n, logits, tokens));
+  int context = 1;  // the longest, in positions
+  for (const SequenceStep& seq : batch.seqs) {
+    context = std::max(context, seq.start_pos + seq.num_tokens);
+  }
+  const int splits = NumSplits(rows, context, decode);
+  return Check(Execute(meta_bytes, rows, seqs, decode, n, splits, logits, tokens));
 }
 
 template <typename T>
 absl::Status CudaBackend<T>::Execute(size_t meta_bytes, int rows, int seqs, bool decode, int n,
-                                     std::span<float> logits, std::span<int32_t> tokens) {
+                                     int splits, std::span<float> logits,
+                                     std::span<int32_t> tokens) {
   const bool sample = !tokens.empty();
   // A step may run on another thread than the one that made the backend (the
   // engine loop's step thread, with --overlap_steps), and CUDA's current
@@ -688,10 +737,10 @@ absl::Status CudaBackend<T>::Execute(size_t meta_bytes, int rows, int seqs, bool
   CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(meta_.get<void>(), meta_host_.get<void>(), meta_bytes,
                                        cudaMemcpyHostToDevice, stream_));
-  const auto graph = decode ? graphs_.find(seqs) : graphs_.end();
+  const auto graph = decode ? graphs_.find({seqs, splits}) : graphs_.end();
   if (graph != graphs_.end()) {
     CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph->second, stream_));
-  } else if (absl::Status s = Forward(rows, seqs, sample); !s.ok()) {
+  } else if (absl::Status s = Forward(rows, seqs, sample, splits); !s.ok()) {
     return s;
   }
   if (sample) {
@@ -720,7 +769,7 @@ absl::Status CudaBackend<T>::Execute(size_t meta_bytes, int rows, int seqs, bool
   }
   // The first decode step of a bucket ran eagerly, which also loaded every
   // kernel it needs; now capture it for the next ones.
-  if (decode && graph == graphs_.end()) return CaptureDecodeGraph(seqs);
+  if (decode && graph == graphs_.end()) return CaptureDecodeGraph(seqs, splits);
   return absl::OkStatus();
 }
 

@@ -62,6 +62,10 @@ struct CudaBackendOptions {
   // weights with our own skinny product (cuda/kernels.h) instead of cuBLAS;
   // 0: always cuBLAS. coalesce-gpu-bench compares the two to set it.
   int skinny_gemm_rows = 1;
+  // Attention over splits of a fixed number of positions where the head size
+  // allows (cuda::SplitAttentionSupported); false: the older kernel, whose
+  // split count follows the step's rows. coalesce-gpu-bench compares the two.
+  bool fixed_size_splits = true;
   std::shared_ptr<StageTimes> stage_times;  // benchmarks only
   // Benchmarks of large shapes: fill the weights on the device from this
   // seed (uniform in +-1/sqrt(fan_in)) instead of copying model.weights,

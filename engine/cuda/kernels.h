@@ -81,12 +81,25 @@ struct AttentionShape {
   int head_dim = 0;            // <= kMaxHeadDim
   int block_size = 0;          // positions per KV block
   int max_blocks_per_seq = 0;  // row stride of block_tables
-  int num_splits = 1;          // parts each token's context is split into
+  int num_splits = 1;          // parts each token's context is split into (see split_size)
   int q_stride = 0;            // floats between consecutive rows of q
+  // 0: each token's context is cut into num_splits parts of equal length.
+  // Otherwise (SplitAttentionSupported): into parts of split_size positions,
+  // ceil(context / split_size) of them, so that a token's result does not
+  // depend on the other tokens of the launch; num_splits is then the grid's
+  // count, at least ceil(longest context / split_size), and a launch with
+  // num_splits == 1 writes its output without a combine.
+  int split_size = 0;
 };
 inline constexpr int kMaxHeadDim = 256;
 inline constexpr int kMaxGqaRatio = 16;
 inline constexpr int kMaxSplits = 64;
+// split_size is a multiple of this (keys per stage of the split kernel).
+inline constexpr int kSplitTile = 32;
+// Head sizes the fixed-size split kernel serves: 64, 128 and 256.
+constexpr bool SplitAttentionSupported(int head_dim) {
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
 
 // Allows PagedAttention<T> the shared memory that this head size and GQA
 // ratio need (more than the default 48 KiB for large heads). Call once before
@@ -104,8 +117,13 @@ cudaError_t CheckKernelImage();
 // serves one (token, KV head, split) and every query head of that KV head, so
 // each K/V element is read from memory once per group of query heads. Each
 // split writes a partial result (running max, sum and unnormalised output);
-// AttentionCombine merges the splits. Splits past a token's context write an
-// empty partial.
+// a combine kernel merges the splits by their log-sum-exp. With split_size
+// 0, splits past a token's context write an empty partial. With a
+// split_size, the split kernel copies the split's block ids to shared memory
+// first, then streams K and V in tiles of kSplitTile positions, raw, with
+// 16-byte asynchronous copies, the next tile in flight while one is used;
+// splits past a token's context do nothing, and the combine reads only the
+// token's own.
 //   q: rows of q_stride floats, head h at h * head_dim (scaled inside)
 //   token_seq: [rows] sequence of each token   block_tables: [seqs, max_blocks_per_seq]
 //   partial_out: [rows, n_heads, num_splits, head_dim]   partial_ml: [rows, n_heads, num_splits, 2]

@@ -12,19 +12,24 @@
 //     bandwidth and TFLOP/s, and throughput relative to batch 1;
 //   - CUDA graphs on against off (1B, batch 1 and 8);
 //   - our skinny product against cuBLAS for steps of 1 to 8 tokens (8B);
-//   - where a decode step's device time goes, stage by stage (8B, batch 1
-//     and 64);
-//   - a 512-token prefill.
+//   - where a decode step's device time goes, stage by stage (1B at batch
+//     1; 8B at batch 1, 64 and 256);
+//   - a 512-token prefill;
+//   - attention alone (8B heads): the split kernel of fixed-size splits
+//     against the older one, at batch 1, 16, 64, 256 and contexts 512, 2k,
+//     8k, as achieved bandwidth against the copy's;
+//   - the 8B shape's decode step with either attention kernel.
 // Weights are random, filled on the device; the KV cache is filled with
 // random values so that decoding can start at position 512 without a prefill.
 //
-// Usage: coalesce-gpu-bench [--shapes=1b,8b] [--quick]
+// Usage: coalesce-gpu-bench [--shapes=1b,8b] [--quick] [--no_attention]
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -140,7 +145,8 @@ ModelConfig LlamaShape(int dim, int hidden, int layers, int heads, int kv_heads,
 
 std::unique_ptr<Backend> MakeBackend(const ModelConfig& config, bool graphs, int max_batch,
                                      int skinny_rows = 1,
-                                     std::shared_ptr<StageTimes> stage_times = nullptr) {
+                                     std::shared_ptr<StageTimes> stage_times = nullptr,
+                                     bool fixed_size_splits = true) {
   auto model = std::make_shared<Model>();
   model->config = config;
   model->config.name = "bench";
@@ -152,6 +158,7 @@ std::unique_ptr<Backend> MakeBackend(const ModelConfig& config, bool graphs, int
   options.max_seqs = max_batch;
   options.cuda_graphs = graphs;
   options.skinny_gemm_rows = skinny_rows;
+  options.fixed_size_splits = fixed_size_splits;
   options.stage_times = std::move(stage_times);
   options.random_weights = true;
   options.fill_kv_cache_random = true;
@@ -320,16 +327,146 @@ void BenchSkinny(const Shape& shape) {
   }
 }
 
+// Attention alone, Llama-3-8B's heads (32 query, 8 KV, 128 each), bf16,
+// blocks of 16 scattered at random over an 8 GiB cache: each timed run reads
+// other blocks while the cache allows, so that small cases are not served
+// from L2. The older kernel splits by count as the backend did
+// (NumSplits: two waves of blocks); the split kernel by 128 positions.
+void BenchAttention(double bandwidth) {
+  using T = __nv_bfloat16;
+  constexpr int kHeads = 32, kKvHeads = 8, kHd = 128, kSplit = 128, kMaxCtx = 8192;
+  constexpr int kKvDim = kKvHeads * kHd, kQDim = kHeads * kHd;
+  const int64_t pool_blocks = int64_t{kMaxBatch} * kMaxCtx / kBlockSize;
+  const int64_t pool_slots = pool_blocks * kBlockSize;
+  T *k = nullptr, *v = nullptr, *out_old = nullptr, *out_new = nullptr;
+  float *q = nullptr, *partial = nullptr, *ml = nullptr;
+  int32_t *positions = nullptr, *seq_of = nullptr, *tables = nullptr;
+  const int64_t partial_rows = int64_t{kMaxBatch} * kHeads * cuda::kMaxSplits;
+  CHECK_CUDA(cudaMalloc(&k, pool_slots * kKvDim * sizeof(T)));
+  CHECK_CUDA(cudaMalloc(&v, pool_slots * kKvDim * sizeof(T)));
+  CHECK_CUDA(cudaMalloc(&q, int64_t{kMaxBatch} * kQDim * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&out_old, int64_t{kMaxBatch} * kQDim * sizeof(T)));
+  CHECK_CUDA(cudaMalloc(&out_new, int64_t{kMaxBatch} * kQDim * sizeof(T)));
+  CHECK_CUDA(cudaMalloc(&partial, partial_rows * kHd * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&ml, partial_rows * 2 * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&positions, kMaxBatch * sizeof(int32_t)));
+  CHECK_CUDA(cudaMalloc(&seq_of, kMaxBatch * sizeof(int32_t)));
+  CHECK_CUDA(cudaMalloc(&tables, pool_blocks * sizeof(int32_t)));
+  CHECK_CUDA(cuda::FillUniform<T>(k, pool_slots * kKvDim, 11, 1.0f, 0.0f, nullptr));
+  CHECK_CUDA(cuda::FillUniform<T>(v, pool_slots * kKvDim, 12, 1.0f, 0.0f, nullptr));
+  CHECK_CUDA(cuda::FillUniform<float>(q, int64_t{kMaxBatch} * kQDim, 13, 1.0f, 0.0f, nullptr));
+  CHECK_CUDA(cuda::ConfigureAttention<T>(kHd, kHeads / kKvHeads));
+  // Every block of the pool once, in random order: round r of a case whose
+  // sequences take n blocks in all reads order[r * n .. (r + 1) * n).
+  std::vector<int32_t> order(pool_blocks);
+  std::iota(order.begin(), order.end(), 0);
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  for (int64_t i = pool_blocks - 1; i > 0; --i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    std::swap(order[i], order[(state >> 33) % (i + 1)]);
+  }
+  CHECK_CUDA(
+      cudaMemcpy(tables, order.data(), pool_blocks * sizeof(int32_t), cudaMemcpyHostToDevice));
+  cudaDeviceProp props{};
+  CHECK_CUDA(cudaGetDeviceProperties(&props, 0));
+  std::printf(
+      "\n## Attention alone: Llama-3-8B heads (32/8, 128 each), bf16, blocks of %d, one token "
+      "per sequence at the last position\n\n"
+      "| batch | context | older kernel ms | split kernel ms | speed-up | split kernel GB/s | "
+      "%% of copy bandwidth | difference |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+      kBlockSize);
+  for (const int ctx : {512, 2048, 8192}) {
+    for (const int batch : {1, 16, 64, 256}) {
+      const int blocks_each = ctx / kBlockSize;
+      const int64_t blocks = int64_t{batch} * blocks_each;
+      const int rounds = static_cast<int>(std::min<int64_t>(pool_blocks / blocks, 8));
+      std::vector<int32_t> pos(batch, ctx - 1), seq(batch);
+      std::iota(seq.begin(), seq.end(), 0);
+      CHECK_CUDA(cudaMemcpy(positions, pos.data(), batch * sizeof(int32_t), cudaMemcpyDefault));
+      CHECK_CUDA(cudaMemcpy(seq_of, seq.data(), batch * sizeof(int32_t), cudaMemcpyDefault));
+      cuda::AttentionShape shape;
+      shape.rows = batch;
+      shape.n_heads = kHeads;
+      shape.n_kv_heads = kKvHeads;
+      shape.head_dim = kHd;
+      shape.block_size = kBlockSize;
+      shape.max_blocks_per_seq = blocks_each;
+      shape.q_stride = kQDim;
+      cuda::AttentionShape older = shape, split = shape;
+      older.num_splits =
+          std::clamp((2 * props.multiProcessorCount + batch * kKvHeads - 1) / (batch * kKvHeads), 1,
+                     cuda::kMaxSplits);
+      split.split_size = kSplit;
+      split.num_splits = (ctx + kSplit - 1) / kSplit;
+      auto time = [&](const cuda::AttentionShape& sh, T* out) {
+        return MedianDeviceSeconds([&](int i) {
+          CHECK_CUDA(cuda::PagedAttention<T>(q, k, v, positions, seq_of,
+                                             tables + (i % rounds) * blocks, sh, partial, ml, out,
+                                             nullptr));
+        });
+      };
+      const double t_old = time(older, out_old);
+      const double t_new = time(split, out_new);
+      // Both outputs of the last run (the same round): their relative
+      // difference.
+      std::vector<T> a(int64_t{batch} * kQDim), b(a.size());
+      CHECK_CUDA(cudaMemcpy(a.data(), out_old, a.size() * sizeof(T), cudaMemcpyDefault));
+      CHECK_CUDA(cudaMemcpy(b.data(), out_new, b.size() * sizeof(T), cudaMemcpyDefault));
+      double diff = 0, norm = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        const double x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
+        diff += (x - y) * (x - y);
+        norm += x * x;
+      }
+      const double bytes = 2.0 * batch * ctx * kKvDim * sizeof(T);
+      std::printf("| %d | %d | %.4f | %.4f | %.2fx | %.0f | %.1f | %.1e |\n", batch, ctx,
+                  t_old * 1e3, t_new * 1e3, t_old / t_new, bytes / t_new / 1e9,
+                  100.0 * bytes / t_new / bandwidth, std::sqrt(diff / std::max(norm, 1e-30)));
+    }
+  }
+  for (void* p :
+       {static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(q),
+        static_cast<void*>(out_old), static_cast<void*>(out_new), static_cast<void*>(partial),
+        static_cast<void*>(ml), static_cast<void*>(positions), static_cast<void*>(seq_of),
+        static_cast<void*>(tables)}) {
+    CHECK_CUDA(cudaFree(p));
+  }
+}
+
+// The 8B shape's decode step at position 512 with either attention kernel.
+void BenchAttentionInTheStep(const Shape& shape) {
+  std::printf(
+      "\n## Decode steps with either attention kernel, %s shape, bf16, positions %d..%d\n\n"
+      "| batch | older kernel ms/step | split kernel ms/step | speed-up | split tokens/s |\n"
+      "|---:|---:|---:|---:|---:|\n",
+      shape.name, kPrompt, kPrompt + 31);
+  const int batches[4] = {1, 16, 64, 256};
+  double older[4], split[4];
+  for (const bool fixed : {false, true}) {
+    auto backend = MakeBackend(shape.config, true, kMaxBatch, 1, nullptr, fixed);
+    for (int i = 0; i < 4; ++i) {
+      (fixed ? split : older)[i] = TimeDecode(*backend, batches[i], kPrompt, 32, 3);
+    }
+  }
+  for (int i = 0; i < 4; ++i) {
+    std::printf("| %d | %.3f | %.3f | %.2fx | %.0f |\n", batches[i], older[i] * 1e3, split[i] * 1e3,
+                older[i] / split[i], batches[i] / split[i]);
+  }
+}
+
 int Main(int argc, char** argv) {
   std::string shapes = "1b,8b";
-  bool quick = false;
+  bool quick = false, attention = true;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--shapes=", 9) == 0) {
       shapes = argv[i] + 9;
     } else if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
+    } else if (std::strcmp(argv[i], "--no_attention") == 0) {
+      attention = false;
     } else {
-      std::fprintf(stderr, "usage: coalesce-gpu-bench [--shapes=1b,8b] [--quick]\n");
+      std::fprintf(stderr,
+                   "usage: coalesce-gpu-bench [--shapes=1b,8b] [--quick] [--no_attention]\n");
       return 2;
     }
   }
@@ -352,12 +489,18 @@ int Main(int argc, char** argv) {
   const Shape eight_b = {"Llama-3-8B", LlamaShape(4096, 14336, 32, 32, 8, false)};
   if (shapes.find("1b") != std::string::npos) BenchShape(one_b, bandwidth, quick);
   if (shapes.find("8b") != std::string::npos) BenchShape(eight_b, bandwidth, quick);
-  if (shapes.find("1b") != std::string::npos) BenchGraphs(one_b);
+  if (shapes.find("1b") != std::string::npos) {
+    BenchGraphs(one_b);
+    BenchStages(one_b, 1);
+  }
   if (shapes.find("8b") != std::string::npos) {
     BenchSkinny(eight_b);
     BenchStages(eight_b, 1);
     BenchStages(eight_b, 64);
+    BenchStages(eight_b, 256);
+    BenchAttentionInTheStep(eight_b);
   }
+  if (attention) BenchAttention(bandwidth);
   return 0;
 }
 

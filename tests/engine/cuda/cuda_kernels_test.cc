@@ -287,6 +287,7 @@ TYPED_TEST(CudaKernelTest, RopeRotatesQAndWritesKvSlots) {
 
 struct AttentionCase {
   int head_dim, n_heads, n_kv_heads, block_size, num_splits;
+  int split_size = 0;  // 0: num_splits parts of each context; else parts of this many positions
 };
 
 TYPED_TEST(CudaKernelTest, PagedAttentionMatchesReference) {
@@ -301,11 +302,20 @@ TYPED_TEST(CudaKernelTest, PagedAttentionMatchesReference) {
       {256, 4, 4, 1, 2},     // the largest head size, one position per block
       {64, 16, 1, 16, 4},    // the largest GQA ratio
       {96, 12, 4, 5, 64},    // more splits than tiles
+      // Fixed-size splits (the split kernel); the contexts reach 300
+      // positions, so num_splits >= ceil(300 / split_size).
+      {128, 32, 8, 16, 3, 128},  // Llama-3-8B's heads: as many splits as the longest needs
+      {128, 32, 8, 16, 8, 128},  // a grid with more splits than any context has
+      {64, 8, 1, 16, 3, 128},    // 8 query heads per KV head: two per warp
+      {64, 16, 1, 7, 2, 160},    // the largest GQA ratio; splits start inside blocks
+      {256, 4, 4, 1, 10, 32},    // the largest head size, one tile per split, blocks of one
+      {128, 16, 2, 16, 1, 320},  // one split for every context: written without a combine
+      {64, 3, 3, 16, 5, 64},     // one query head per KV head: three warps score nothing
   };
   for (const AttentionCase& c : cases) {
     SCOPED_TRACE(::testing::Message()
                  << "hd " << c.head_dim << " heads " << c.n_heads << "/" << c.n_kv_heads << " bs "
-                 << c.block_size << " splits " << c.num_splits);
+                 << c.block_size << " splits " << c.num_splits << " of " << c.split_size);
     const int ratio = c.n_heads / c.n_kv_heads, hd = c.head_dim;
     const int q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
     const std::vector<int> lengths = {1, 33, 300};
@@ -336,6 +346,7 @@ TYPED_TEST(CudaKernelTest, PagedAttentionMatchesReference) {
     shape.block_size = c.block_size;
     shape.max_blocks_per_seq = layout.max_blocks_per_seq;
     shape.num_splits = c.num_splits;
+    shape.split_size = c.split_size;
     shape.q_stride = q_stride;
     CUDA_ASSERT_OK(cuda::ConfigureAttention<T>(hd, ratio));
     CUDA_ASSERT_OK(cuda::PagedAttention<T>(d_q.get(), d_k.get(), d_v.get(), d_pos.get(),
@@ -370,6 +381,63 @@ TYPED_TEST(CudaKernelTest, PagedAttentionMatchesReference) {
     }
     EXPECT_LT(RelativeError(out, want), std::max(Tolerance<T>(), 2e-6));
   }
+}
+
+// With fixed-size splits a token's output is a function of its own context:
+// the same bits alone or beside other tokens, with a grid of any number of
+// splits, and with one split written directly or through the combine.
+TYPED_TEST(CudaKernelTest, SplitAttentionGivesATokenTheSameBitsInAnyLaunch) {
+  using T = TypeParam;
+  const int hd = 128, n_heads = 32, n_kv_heads = 8, bs = 16, split_size = 128;
+  const int q_dim = n_heads * hd, kv_dim = n_kv_heads * hd;
+  PagedLayout layout({1, 100, 300}, bs, this->rng_);
+  DeviceArray<T> d_k(Convert<T>(RandomFloats(layout.num_slots() * kv_dim, this->rng_, -2, 2)));
+  DeviceArray<T> d_v(Convert<T>(RandomFloats(layout.num_slots() * kv_dim, this->rng_)));
+  DeviceArray<int32_t> d_tables(layout.block_tables);
+  const std::vector<int32_t> positions = {0, 99, 299}, seq_of = {0, 1, 2};
+  const std::vector<float> q = RandomFloats(3 * q_dim, this->rng_, -2, 2);
+  CUDA_ASSERT_OK(cuda::ConfigureAttention<T>(hd, n_heads / n_kv_heads));
+  // Rows `rows` of the three, in a grid of `splits` splits.
+  auto run = [&](const std::vector<int>& rows, int splits) {
+    std::vector<int32_t> pos, seq;
+    std::vector<float> q_rows;
+    for (int r : rows) {
+      pos.push_back(positions[r]);
+      seq.push_back(seq_of[r]);
+      q_rows.insert(q_rows.end(), q.begin() + r * q_dim, q.begin() + (r + 1) * q_dim);
+    }
+    const int n = static_cast<int>(rows.size());
+    DeviceArray<float> d_q(q_rows);
+    DeviceArray<int32_t> d_pos(pos), d_seq(seq);
+    DeviceArray<float> d_partial(n * n_heads * splits * hd), d_ml(n * n_heads * splits * 2);
+    DeviceArray<T> d_out(n * q_dim);
+    d_out.Poison();
+    cuda::AttentionShape shape;
+    shape.rows = n;
+    shape.n_heads = n_heads;
+    shape.n_kv_heads = n_kv_heads;
+    shape.head_dim = hd;
+    shape.block_size = bs;
+    shape.max_blocks_per_seq = layout.max_blocks_per_seq;
+    shape.num_splits = splits;
+    shape.split_size = split_size;
+    shape.q_stride = q_dim;
+    EXPECT_EQ(cuda::PagedAttention<T>(d_q.get(), d_k.get(), d_v.get(), d_pos.get(), d_seq.get(),
+                                      d_tables.get(), shape, d_partial.get(), d_ml.get(),
+                                      d_out.get(), nullptr),
+              cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return ToFloats(d_out.Download());
+  };
+  const std::vector<float> together = run({0, 1, 2}, 8);
+  auto row = [&](const std::vector<float>& out, int i) {
+    return std::vector<float>(out.begin() + i * q_dim, out.begin() + (i + 1) * q_dim);
+  };
+  for (float x : together) ASSERT_FALSE(std::isnan(x)) << "an output left unwritten";
+  EXPECT_EQ(row(run({2}, 3), 0), row(together, 2)) << "299 alone, 3 splits";
+  EXPECT_EQ(row(run({1, 2}, 5), 0), row(together, 1)) << "99 beside 299, 5 splits";
+  EXPECT_EQ(row(run({0}, 1), 0), row(together, 0)) << "0 alone, written without a combine";
+  EXPECT_EQ(row(run({1, 0}, 1), 0), row(together, 1)) << "99 and 0, one split";
 }
 
 TYPED_TEST(CudaKernelTest, ConvertAndFill) {
