@@ -394,17 +394,16 @@ __global__ void __launch_bounds__(kSplitThreads)
   char* stages = smem + layout.stages_offset;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  // The split's block ids and the group's q, before any load is issued.
+  // The split's block ids, before any load is issued.
   const int32_t* table = block_tables + static_cast<int64_t>(token_seq[t]) * s.max_blocks_per_seq;
   const int first_block = begin / s.block_size;
   const int n_blocks = (end - 1) / s.block_size - first_block + 1;
   for (int i = threadIdx.x; i < n_blocks; i += kSplitThreads) blocks[i] = table[first_block + i];
-  const float* q_row =
-      q + static_cast<int64_t>(t) * s.q_stride + static_cast<int64_t>(g) * ratio * kHd;
-  for (int i = threadIdx.x; i < ratio * kHd; i += kSplitThreads) q_group[i] = q_row[i];
   __syncthreads();
 
   const int n_tiles = (end - begin + kSplitTile - 1) / kSplitTile;
+  // A power-of-two block size (the usual 16) divides by a shift.
+  const int block_shift = (s.block_size & (s.block_size - 1)) == 0 ? __ffs(s.block_size) - 1 : -1;
   // Issues the copies of tile `tile` into stage `tile % kSplitStages`, as one
   // group of this thread's copies.
   auto issue = [&](int tile) {
@@ -413,9 +412,9 @@ __global__ void __launch_bounds__(kSplitThreads)
     char* v_dst = k_dst + kSplitTile * layout.k_stride;
     for (int i = threadIdx.x; i < n * kChunks; i += kSplitThreads) {
       const int j = i / kChunks, c = i - j * kChunks, p = base + j;
+      const int b = block_shift >= 0 ? p >> block_shift : p / s.block_size;
       const int64_t slot =
-          static_cast<int64_t>(blocks[p / s.block_size - first_block]) * s.block_size +
-          p % s.block_size;
+          static_cast<int64_t>(blocks[b - first_block]) * s.block_size + (p - b * s.block_size);
       const int64_t offset = slot * kv_dim + static_cast<int64_t>(g) * kHd + c * kVec;
       CopyAsync16(k_dst + j * layout.k_stride + c * 16, k_cache + offset);
       CopyAsync16(v_dst + j * layout.row + c * 16, v_cache + offset);
@@ -433,7 +432,12 @@ __global__ void __launch_bounds__(kSplitThreads)
   }
   const float scale = rsqrtf(static_cast<float>(kHd));
 
+  // The first tile's copies go out before q is read, so that the two
+  // latencies overlap; the loop's first barrier publishes q_group.
   issue(0);
+  const float* q_row =
+      q + static_cast<int64_t>(t) * s.q_stride + static_cast<int64_t>(g) * ratio * kHd;
+  for (int i = threadIdx.x; i < ratio * kHd; i += kSplitThreads) q_group[i] = q_row[i];
   for (int tile = 0; tile < n_tiles; ++tile) {
     if (tile + 1 < n_tiles) {
       issue(tile + 1);

@@ -109,12 +109,13 @@ int DecodeBucket(int n, int max_seqs) {
   return std::min(bucket, max_seqs);
 }
 
-// Positions per attention split: at least 128 (four tiles of the split
-// kernel), more where the longest context would otherwise need more than
+// Positions per attention split: `asked` (0: 128, four tiles of the split
+// kernel), or more where the longest context would otherwise need more than
 // cuda::kMaxSplits splits.
-int SplitSize(int max_seq_len) {
+int SplitSize(int asked, int max_seq_len) {
   const int most = (max_seq_len + cuda::kMaxSplits - 1) / cuda::kMaxSplits;
-  return std::max(128, (most + cuda::kSplitTile - 1) / cuda::kSplitTile * cuda::kSplitTile);
+  return std::max(asked > 0 ? asked : 128,
+                  (most + cuda::kSplitTile - 1) / cuda::kSplitTile * cuda::kSplitTile);
 }
 
 // ---------------------------------------------------------------------------
@@ -455,7 +456,7 @@ absl::Status CudaBackend<T>::AllocateActivations() {
   // Fixed-size splits: every row may need the most splits. Otherwise the
   // count shrinks as rows grow (NumSplits).
   if (options_.fixed_size_splits && cuda::SplitAttentionSupported(c_.head_dim())) {
-    split_size_ = SplitSize(c_.max_seq_len);
+    split_size_ = SplitSize(options_.attention_split_size, c_.max_seq_len);
     partial_capacity_ = max_rows_ * ((c_.max_seq_len + split_size_ - 1) / split_size_);
   } else {
     split_size_ = 0;
@@ -844,6 +845,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(std::shared_ptr<const
         "CUDA backend options: block_size ", options.block_size, ", max_batch_tokens ",
         options.max_batch_tokens, ", max_seqs ", options.max_seqs, " must be >= 1 and ",
         "kv_memory_fraction ", options.kv_memory_fraction, " in (0, 1]"));
+  }
+  if (options.attention_split_size < 0 || options.attention_split_size % cuda::kSplitTile != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA backend options: attention_split_size ", options.attention_split_size,
+                     " must be 0 (automatic) or a positive multiple of ", cuda::kSplitTile));
   }
   if (absl::Status s = CheckCudaKvCacheDtype(options); !s.ok()) return s;
   switch (options.precision) {

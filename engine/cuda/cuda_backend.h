@@ -66,6 +66,9 @@ struct CudaBackendOptions {
   // allows (cuda::SplitAttentionSupported); false: the older kernel, whose
   // split count follows the step's rows. coalesce-gpu-bench compares the two.
   bool fixed_size_splits = true;
+  // Positions per split: 0 for 128; a multiple of cuda::kSplitTile (32).
+  // Raised where max_seq_len would need more than cuda::kMaxSplits splits.
+  int attention_split_size = 0;
   std::shared_ptr<StageTimes> stage_times;  // benchmarks only
   // Benchmarks of large shapes: fill the weights on the device from this
   // seed (uniform in +-1/sqrt(fan_in)) instead of copying model.weights,

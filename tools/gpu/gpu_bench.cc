@@ -146,7 +146,7 @@ ModelConfig LlamaShape(int dim, int hidden, int layers, int heads, int kv_heads,
 std::unique_ptr<Backend> MakeBackend(const ModelConfig& config, bool graphs, int max_batch,
                                      int skinny_rows = 1,
                                      std::shared_ptr<StageTimes> stage_times = nullptr,
-                                     bool fixed_size_splits = true) {
+                                     bool fixed_size_splits = true, int split_size = 0) {
   auto model = std::make_shared<Model>();
   model->config = config;
   model->config.name = "bench";
@@ -159,6 +159,7 @@ std::unique_ptr<Backend> MakeBackend(const ModelConfig& config, bool graphs, int
   options.cuda_graphs = graphs;
   options.skinny_gemm_rows = skinny_rows;
   options.fixed_size_splits = fixed_size_splits;
+  options.attention_split_size = split_size;
   options.stage_times = std::move(stage_times);
   options.random_weights = true;
   options.fill_kv_cache_random = true;
@@ -373,7 +374,8 @@ void BenchAttention(double bandwidth) {
       "\n## Attention alone: Llama-3-8B heads (32/8, 128 each), bf16, blocks of %d, one token "
       "per sequence at the last position\n\n"
       "| batch | context | older kernel ms | split kernel ms | speed-up | split kernel GB/s | "
-      "%% of copy bandwidth | difference |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+      "%% of copy bandwidth | difference | splits of 256 ms | %% of copy bandwidth (256) |\n"
+      "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
       kBlockSize);
   for (const int ctx : {512, 2048, 8192}) {
     for (const int batch : {1, 16, 64, 256}) {
@@ -392,12 +394,14 @@ void BenchAttention(double bandwidth) {
       shape.block_size = kBlockSize;
       shape.max_blocks_per_seq = blocks_each;
       shape.q_stride = kQDim;
-      cuda::AttentionShape older = shape, split = shape;
+      cuda::AttentionShape older = shape, split = shape, split256 = shape;
       older.num_splits =
           std::clamp((2 * props.multiProcessorCount + batch * kKvHeads - 1) / (batch * kKvHeads), 1,
                      cuda::kMaxSplits);
       split.split_size = kSplit;
       split.num_splits = (ctx + kSplit - 1) / kSplit;
+      split256.split_size = 2 * kSplit;
+      split256.num_splits = (ctx + 2 * kSplit - 1) / (2 * kSplit);
       auto time = [&](const cuda::AttentionShape& sh, T* out) {
         return MedianDeviceSeconds([&](int i) {
           CHECK_CUDA(cuda::PagedAttention<T>(q, k, v, positions, seq_of,
@@ -406,6 +410,7 @@ void BenchAttention(double bandwidth) {
         });
       };
       const double t_old = time(older, out_old);
+      const double t_256 = time(split256, out_new);
       const double t_new = time(split, out_new);
       // Both outputs of the last run (the same round): their relative
       // difference.
@@ -419,9 +424,10 @@ void BenchAttention(double bandwidth) {
         norm += x * x;
       }
       const double bytes = 2.0 * batch * ctx * kKvDim * sizeof(T);
-      std::printf("| %d | %d | %.4f | %.4f | %.2fx | %.0f | %.1f | %.1e |\n", batch, ctx,
-                  t_old * 1e3, t_new * 1e3, t_old / t_new, bytes / t_new / 1e9,
-                  100.0 * bytes / t_new / bandwidth, std::sqrt(diff / std::max(norm, 1e-30)));
+      std::printf("| %d | %d | %.4f | %.4f | %.2fx | %.0f | %.1f | %.1e | %.4f | %.1f |\n", batch,
+                  ctx, t_old * 1e3, t_new * 1e3, t_old / t_new, bytes / t_new / 1e9,
+                  100.0 * bytes / t_new / bandwidth, std::sqrt(diff / std::max(norm, 1e-30)),
+                  t_256 * 1e3, 100.0 * bytes / t_256 / bandwidth);
     }
   }
   for (void* p :
@@ -437,20 +443,20 @@ void BenchAttention(double bandwidth) {
 void BenchAttentionInTheStep(const Shape& shape) {
   std::printf(
       "\n## Decode steps with either attention kernel, %s shape, bf16, positions %d..%d\n\n"
-      "| batch | older kernel ms/step | split kernel ms/step | speed-up | split tokens/s |\n"
-      "|---:|---:|---:|---:|---:|\n",
+      "| batch | older kernel ms/step | splits of 128 ms/step | splits of 256 ms/step | "
+      "speed-up (128) | tokens/s (128) |\n|---:|---:|---:|---:|---:|---:|\n",
       shape.name, kPrompt, kPrompt + 31);
   const int batches[4] = {1, 16, 64, 256};
-  double older[4], split[4];
-  for (const bool fixed : {false, true}) {
-    auto backend = MakeBackend(shape.config, true, kMaxBatch, 1, nullptr, fixed);
-    for (int i = 0; i < 4; ++i) {
-      (fixed ? split : older)[i] = TimeDecode(*backend, batches[i], kPrompt, 32, 3);
-    }
+  double ms[3][4];
+  const int split_sizes[3] = {0, 128, 256};  // 0: the older kernel
+  for (int k = 0; k < 3; ++k) {
+    auto backend =
+        MakeBackend(shape.config, true, kMaxBatch, 1, nullptr, split_sizes[k] > 0, split_sizes[k]);
+    for (int i = 0; i < 4; ++i) ms[k][i] = TimeDecode(*backend, batches[i], kPrompt, 32, 3) * 1e3;
   }
   for (int i = 0; i < 4; ++i) {
-    std::printf("| %d | %.3f | %.3f | %.2fx | %.0f |\n", batches[i], older[i] * 1e3, split[i] * 1e3,
-                older[i] / split[i], batches[i] / split[i]);
+    std::printf("| %d | %.3f | %.3f | %.3f | %.2fx | %.0f |\n", batches[i], ms[0][i], ms[1][i],
+                ms[2][i], ms[0][i] / ms[1][i], batches[i] / ms[1][i] * 1e3);
   }
 }
 

@@ -336,6 +336,70 @@ TEST_F(CudaBackendTest, GraphReplayEqualsEagerSteps) {
   }
 }
 
+// Attention over fixed-size splits (head size 64, splits of 32 positions, so
+// up to eight): logits against the CPU backend as a context grows past
+// several splits, and graphs (whose split counts are rounded up: 5 to 6, 7 to
+// 8) against eager steps (exact counts), token for token. The four requests
+// are prefilled in one step and decode together, so both ways run the same
+// batch of four.
+TEST_F(CudaBackendTest, FixedSizeSplitsAtLongContexts) {
+  const auto model = RandomModel(Shape(256, 128, 2, 4, 1, 333), 5);
+  ASSERT_EQ(model->config.head_dim(), 64);
+  auto make = [&](Precision precision, bool graphs) -> std::unique_ptr<Backend> {
+    CudaBackendOptions options;
+    options.precision = precision;
+    options.block_size = 16;
+    options.num_blocks = 128;
+    options.max_batch_tokens = 512;
+    options.max_seqs = 8;
+    options.cuda_graphs = graphs;
+    options.attention_split_size = 32;
+    auto backend = CreateCudaBackend(model, options);
+    EXPECT_TRUE(backend.ok()) << backend.status();
+    return backend.ok() ? *std::move(backend) : nullptr;
+  };
+  auto cuda = make(Precision::kFp32, false);
+  auto cpu = MakeCpu(model, 16);
+  ASSERT_NE(cuda, nullptr);
+  ASSERT_NE(cpu, nullptr);
+  const int vocab = model->config.vocab_size;
+  std::vector<int32_t> table(16);
+  std::iota(table.begin(), table.end(), 3);
+  std::vector<float> want(vocab), got(vocab);
+  double worst = 0;
+  int pos = 0, next = 17;
+  // A prompt in chunks of 50 (contexts 50, 100, 150, 200), then decode
+  // steps to 230.
+  while (pos < 230) {
+    const int n = pos < 200 ? 50 : 1;
+    std::vector<int32_t> tokens(n);
+    for (int i = 0; i < n; ++i) tokens[i] = n == 1 ? next : (pos + i) * 7 % vocab;
+    const SequenceStep seq = {n, pos, table};
+    ASSERT_TRUE(cpu->Step({tokens, {&seq, 1}}, want).ok());
+    const absl::Status status = cuda->Step({tokens, {&seq, 1}}, got);
+    ASSERT_TRUE(status.ok()) << status;
+    worst = std::max(worst, RelativeError(got, want));
+    next = static_cast<int32_t>(std::max_element(want.begin(), want.end()) - want.begin());
+    pos += n;
+  }
+  std::printf("fp32 logits vs CPU, splits of 32 to context 230: worst relative error %.3g\n",
+              worst);
+  EXPECT_LT(worst, 1e-4);
+
+  const std::vector<Request> requests = {{{1, 5, 9}, 100},
+                                         {std::vector<int32_t>(150, 11), 100},
+                                         {std::vector<int32_t>(60, 4), 100},
+                                         {std::vector<int32_t>(100, 8), 100}};
+  for (const Precision p : {Precision::kFp32, Precision::kBf16}) {
+    auto graphs = make(p, true);
+    auto eager = make(p, false);
+    ASSERT_NE(graphs, nullptr);
+    ASSERT_NE(eager, nullptr);
+    EXPECT_EQ(Generate(*graphs, requests, 256), Generate(*eager, requests, 256))
+        << PrecisionName(p);
+  }
+}
+
 TEST_F(CudaBackendTest, KvCacheSizedFromFreeMemoryAndDescribed) {
   CudaBackendOptions options;
   options.kv_memory_fraction = 0.01;
