@@ -356,22 +356,25 @@ __device__ __forceinline__ void LoadAsFloats(const char* p, float (&out)[N]) {
 struct SplitSmem {
   int row, k_stride, table_offset, stages_offset, stage_bytes, total;
   __host__ __device__ SplitSmem(int head_dim, int element_bytes, int ratio, int split_size,
-                                int block_size) {
+                                int block_size, int num_stages = kSplitStages) {
     row = head_dim * element_bytes;
     k_stride = row + 16;
     table_offset = ratio * head_dim * 4;  // a multiple of 16: head_dim is
     const int blocks = split_size / block_size + 2;
     stages_offset = table_offset + (blocks * 4 + 15) / 16 * 16;
     stage_bytes = kSplitTile * (k_stride + row);
-    total = stages_offset + kSplitStages * stage_bytes;
+    total = stages_offset + num_stages * stage_bytes;
   }
 };
 
 // One (token, KV head, split of s.split_size positions): every query head of
 // the KV head (kHeadsPerWarp per warp), head size kHd. Scores: lane j takes
 // key j of the tile. Values: lane i keeps output elements
-// [i * kHd / 32, (i + 1) * kHd / 32) of each of its warp's heads.
-template <typename T, int kHeadsPerWarp, int kHd>
+// [i * kHd / 32, (i + 1) * kHd / 32) of each of its warp's heads. kStages
+// tiles are in shared memory at once: the one in use and kStages - 1 in
+// flight. kLoadsOnly (coalesce-gpu-bench's diagnostic) skips the arithmetic.
+template <typename T, int kHeadsPerWarp, int kHd, int kStages = kSplitStages,
+          bool kLoadsOnly = false>
 __global__ void __launch_bounds__(kSplitThreads)
     SplitAttentionKernel(const float* q, const T* k_cache, const T* v_cache,
                          const int32_t* positions, const int32_t* token_seq,
@@ -388,7 +391,7 @@ __global__ void __launch_bounds__(kSplitThreads)
   if (begin >= ctx) return;  // past the token's context: the combine reads no partial here
   const int end = min(ctx, begin + s.split_size);
   const int ratio = s.n_heads / s.n_kv_heads, kv_dim = s.n_kv_heads * kHd;
-  const SplitSmem layout(kHd, sizeof(T), ratio, s.split_size, s.block_size);
+  const SplitSmem layout(kHd, sizeof(T), ratio, s.split_size, s.block_size, kStages);
   float* q_group = reinterpret_cast<float*>(smem);  // [ratio, kHd]
   int32_t* blocks = reinterpret_cast<int32_t*>(smem + layout.table_offset);
   char* stages = smem + layout.stages_offset;
@@ -404,11 +407,16 @@ __global__ void __launch_bounds__(kSplitThreads)
   const int n_tiles = (end - begin + kSplitTile - 1) / kSplitTile;
   // A power-of-two block size (the usual 16) divides by a shift.
   const int block_shift = (s.block_size & (s.block_size - 1)) == 0 ? __ffs(s.block_size) - 1 : -1;
-  // Issues the copies of tile `tile` into stage `tile % kSplitStages`, as one
-  // group of this thread's copies.
+  // Issues the copies of tile `tile` into stage `tile % kStages`, as one
+  // group of this thread's copies (an empty group past the last tile, so
+  // that every iteration waits for the same count).
   auto issue = [&](int tile) {
+    if (tile >= n_tiles) {
+      CopyAsyncCommit();
+      return;
+    }
     const int base = begin + tile * kSplitTile, n = min(kSplitTile, end - base);
-    char* k_dst = stages + (tile % kSplitStages) * layout.stage_bytes;
+    char* k_dst = stages + (tile % kStages) * layout.stage_bytes;
     char* v_dst = k_dst + kSplitTile * layout.k_stride;
     for (int i = threadIdx.x; i < n * kChunks; i += kSplitThreads) {
       const int j = i / kChunks, c = i - j * kChunks, p = base + j;
@@ -432,22 +440,23 @@ __global__ void __launch_bounds__(kSplitThreads)
   }
   const float scale = rsqrtf(static_cast<float>(kHd));
 
-  // The first tile's copies go out before q is read, so that the two
+  // The first tiles' copies go out before q is read, so that the
   // latencies overlap; the loop's first barrier publishes q_group.
-  issue(0);
+#pragma unroll
+  for (int tile = 0; tile < kStages - 1; ++tile) issue(tile);
   const float* q_row =
       q + static_cast<int64_t>(t) * s.q_stride + static_cast<int64_t>(g) * ratio * kHd;
   for (int i = threadIdx.x; i < ratio * kHd; i += kSplitThreads) q_group[i] = q_row[i];
   for (int tile = 0; tile < n_tiles; ++tile) {
-    if (tile + 1 < n_tiles) {
-      issue(tile + 1);
-      CopyAsyncWait<1>();  // this thread's copies of `tile` have landed
-    } else {
-      CopyAsyncWait<0>();
+    issue(tile + kStages - 1);
+    CopyAsyncWait<kStages - 1>();  // this thread's copies of `tile` have landed
+    __syncthreads();               // and every other thread's
+    if constexpr (kLoadsOnly) {
+      __syncthreads();
+      continue;
     }
-    __syncthreads();  // and every other thread's
     const int n = min(kSplitTile, end - (begin + tile * kSplitTile));
-    const char* k_tile = stages + (tile % kSplitStages) * layout.stage_bytes;
+    const char* k_tile = stages + (tile % kStages) * layout.stage_bytes;
     const char* v_tile = k_tile + kSplitTile * layout.k_stride;
 
     // Scores: each lane its key's row, once, against each of its warp's heads,
@@ -562,6 +571,21 @@ SplitKernel<T> PickSplitKernel(int head_dim, int ratio) {
   COALESCE_PICK_D(2)
   COALESCE_PICK_D(4)
 #undef COALESCE_PICK_D
+#undef COALESCE_PICK
+  return nullptr;
+}
+
+// coalesce-gpu-bench's variants of the split kernel for 128-value heads and
+// up to four query heads per KV head.
+template <typename T>
+SplitKernel<T> PickSplitVariant(int stages, bool loads_only) {
+#define COALESCE_PICK(S, L) \
+  if (stages == S && loads_only == L) return SplitAttentionKernel<T, 1, 128, S, L>;
+  COALESCE_PICK(2, false)
+  COALESCE_PICK(3, false)
+  COALESCE_PICK(4, false)
+  COALESCE_PICK(2, true)
+  COALESCE_PICK(4, true)
 #undef COALESCE_PICK
   return nullptr;
 }
@@ -686,6 +710,46 @@ cudaError_t ConfigureAttention(int head_dim, int gqa_ratio) {
   return cudaFuncSetAttribute(PickSplitKernel<T>(head_dim, gqa_ratio),
                               cudaFuncAttributeMaxDynamicSharedMemorySize, most);
 }
+
+template <typename T>
+cudaError_t SplitAttentionVariant(const float* q, const T* k_cache, const T* v_cache,
+                                  const int32_t* positions, const int32_t* token_seq,
+                                  const int32_t* block_tables, const AttentionShape& shape,
+                                  float* partial_out, float* partial_ml, T* out, int stages,
+                                  bool loads_only, cudaStream_t stream) {
+  const SplitKernel<T> kernel = PickSplitVariant<T>(stages, loads_only);
+  if (kernel == nullptr || shape.rows <= 0 || shape.head_dim != 128 || shape.n_kv_heads <= 0 ||
+      shape.n_heads % shape.n_kv_heads != 0 || shape.n_heads / shape.n_kv_heads > kSplitWarps ||
+      shape.split_size <= 0 || shape.split_size % kSplitTile != 0 || shape.num_splits < 1 ||
+      shape.num_splits > kMaxSplits) {
+    return cudaErrorInvalidValue;
+  }
+  const int ratio = shape.n_heads / shape.n_kv_heads;
+  const SplitSmem layout(shape.head_dim, sizeof(T), ratio, shape.split_size, shape.block_size,
+                         stages);
+  static bool configured[5][2] = {};  // once per variant, outside the timed launches
+  if (!configured[stages][loads_only]) {
+    if (const cudaError_t err =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024);
+        err != cudaSuccess) {
+      return err;
+    }
+    configured[stages][loads_only] = true;
+  }
+  const dim3 grid(shape.rows, shape.n_kv_heads, shape.num_splits);
+  kernel<<<grid, kSplitThreads, layout.total, stream>>>(
+      q, k_cache, v_cache, positions, token_seq, block_tables, shape, partial_out, partial_ml, out);
+  if (shape.num_splits > 1) {
+    AttentionCombineKernel<T><<<dim3(shape.rows, shape.n_heads), 128, 0, stream>>>(
+        partial_out, partial_ml, positions, shape, out);
+  }
+  return cudaGetLastError();
+}
+template cudaError_t SplitAttentionVariant<__nv_bfloat16>(const float*, const __nv_bfloat16*,
+                                                          const __nv_bfloat16*, const int32_t*,
+                                                          const int32_t*, const int32_t*,
+                                                          const AttentionShape&, float*, float*,
+                                                          __nv_bfloat16*, int, bool, cudaStream_t);
 
 #define COALESCE_INSTANTIATE(T)                                                                  \
   template cudaError_t RopeAndCacheKv<T>(float*, const float*, const float*, const float*,       \

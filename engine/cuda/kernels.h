@@ -134,6 +134,18 @@ cudaError_t PagedAttention(const float* q, const T* k_cache, const T* v_cache,
                            const int32_t* block_tables, const AttentionShape& shape,
                            float* partial_out, float* partial_ml, T* out, cudaStream_t stream);
 
+// coalesce-gpu-bench's diagnostic variants of the split kernel (bf16 only;
+// head_dim 128, at most four query heads per KV head, split_size > 0):
+// `stages` tiles in shared memory at once (2, the kernel's own; 3 or 4), or
+// with loads_only (2 or 4 stages) the copies alone, without arithmetic, its
+// output meaningless.
+template <typename T>
+cudaError_t SplitAttentionVariant(const float* q, const T* k_cache, const T* v_cache,
+                                  const int32_t* positions, const int32_t* token_seq,
+                                  const int32_t* block_tables, const AttentionShape& shape,
+                                  float* partial_out, float* partial_ml, T* out, int stages,
+                                  bool loads_only, cudaStream_t stream);
+
 // out[t, i] = T(silu(gate_up[t, i]) * gate_up[t, hidden + i]).
 //   gate_up: [rows, 2 * hidden] (gate, then up)   out: [rows, hidden]
 template <typename T>

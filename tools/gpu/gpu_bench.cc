@@ -377,6 +377,18 @@ void BenchAttention(double bandwidth) {
       "%% of copy bandwidth | difference | splits of 256 ms | %% of copy bandwidth (256) |\n"
       "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
       kBlockSize);
+  // The split kernel's variants (diagnostic): pipeline depth, and the
+  // copies alone.
+  struct Variant {
+    const char* name;
+    int stages;
+    bool loads_only;
+  };
+  const Variant variants[] = {{"3 stages", 3, false},
+                              {"4 stages", 4, false},
+                              {"copies alone, 2 stages", 2, true},
+                              {"copies alone, 4 stages", 4, true}};
+  std::vector<std::string> variant_rows;
   for (const int ctx : {512, 2048, 8192}) {
     for (const int batch : {1, 16, 64, 256}) {
       const int blocks_each = ctx / kBlockSize;
@@ -411,6 +423,19 @@ void BenchAttention(double bandwidth) {
       };
       const double t_old = time(older, out_old);
       const double t_256 = time(split256, out_new);
+      std::string variant_row = "| " + std::to_string(batch) + " | " + std::to_string(ctx) + " |";
+      for (const Variant& variant : variants) {
+        const double t = MedianDeviceSeconds([&](int i) {
+          CHECK_CUDA(cuda::SplitAttentionVariant<T>(
+              q, k, v, positions, seq_of, tables + (i % rounds) * blocks, split, partial, ml,
+              out_new, variant.stages, variant.loads_only, nullptr));
+        });
+        char cell[32];
+        std::snprintf(cell, sizeof(cell), " %.1f |",
+                      100.0 * 2.0 * batch * ctx * kKvDim * sizeof(T) / t / bandwidth);
+        variant_row += cell;
+      }
+      variant_rows.push_back(variant_row);
       const double t_new = time(split, out_new);
       // Both outputs of the last run (the same round): their relative
       // difference.
@@ -430,6 +455,15 @@ void BenchAttention(double bandwidth) {
                   t_256 * 1e3, 100.0 * bytes / t_256 / bandwidth);
     }
   }
+  std::printf(
+      "\n## The split kernel's variants (diagnostic), same cases, splits of %d: %% of copy "
+      "bandwidth\n\n| batch | context |",
+      kSplit);
+  for (const Variant& variant : variants) std::printf(" %s |", variant.name);
+  std::printf("\n|---:|---:|");
+  for (size_t i = 0; i < std::size(variants); ++i) std::printf("---:|");
+  std::printf("\n");
+  for (const std::string& row : variant_rows) std::printf("%s\n", row.c_str());
   for (void* p :
        {static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(q),
         static_cast<void*>(out_old), static_cast<void*>(out_new), static_cast<void*>(partial),
