@@ -254,6 +254,8 @@ template <typename T>
 absl::Status CudaBackend<T>::CopyBlocks(std::span<const BlockCopy> copies) {
   if (!lost_.ok()) return lost_;
   if (absl::Status s = ValidateBlockCopies(kv_, copies); !s.ok()) return s;
+  // The caller's thread may not be the one that made the backend (Execute).
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   // A block's K (or V) of one layer is block_size contiguous slots, and the
   // 2 * n_layers slabs of the cache are kv_slots_ slots apart: one strided
   // copy per block.
