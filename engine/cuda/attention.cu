@@ -347,8 +347,8 @@ __device__ __forceinline__ void LoadAsFloats(const char* p, float (&out)[N]) {
 }
 
 // Shared memory of SplitAttentionKernel, in bytes: q of the group's query
-// heads as float [ratio, head_dim]; the split's block ids; then kSplitStages
-// stages of a K tile [kSplitTile, row + 16] and a V tile [kSplitTile, row],
+// heads as float [ratio, head_dim]; the split's block ids; then num_stages
+// (the kernel's kStages) stages of a K tile [kSplitTile, row + 16] and a V tile [kSplitTile, row],
 // raw T (row = head_dim * sizeof(T)). Lane j scores key j of a tile with
 // 16-byte loads along its K row; the extra 16 bytes put the eight lanes of a
 // quarter-warp on distinct bank quads. The V tile is read a row at a time by
@@ -359,7 +359,7 @@ struct SplitSmem {
                                 int block_size, int num_stages = kSplitStages) {
     row = head_dim * element_bytes;
     k_stride = row + 16;
-    table_offset = ratio * head_dim * 4;  // a multiple of 16: head_dim is
+    table_offset = ratio * head_dim * 4;  // a multiple of 16: head_dim is 64, 128 or 256
     const int blocks = split_size / block_size + 2;
     stages_offset = table_offset + (blocks * 4 + 15) / 16 * 16;
     stage_bytes = kSplitTile * (k_stride + row);
