@@ -9,8 +9,9 @@
 // more streams than the memory system serves well. Laid out as panels of 32
 // rows, [k][32], one row of X reads two panels side by side, each front to
 // back (two streams, four chains a panel), and many rows of X read them
-// without the transposing step. The arithmetic is Matmul's, bit for bit (kernels.h): every
-// output is one chain of fused multiply-adds over k in increasing order.
+// without the transposing step. The arithmetic is Matmul's, bit for bit
+// (kernels.h): every output is one chain of fused multiply-adds over k in
+// increasing order.
 #pragma once
 
 #include <cstdint>
