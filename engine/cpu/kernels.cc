@@ -142,7 +142,7 @@ void MatmulPanelsAvx2(const float* x, int64_t ldx, int m, const float* w, int n,
 
 void QuantMatmulPanelsAvx2(const float* x, int64_t ldx, int m, const PackedMatrix& w, int p0,
                            int p1, float* y, int64_t ldy) {
-  QuantMatmulPanelsWith<Avx2Kernel>(x, ldx, m, w, p0, p1, y, ldy);
+  QuantMatmulPanelsOf(x, ldx, m, w, p0, p1, y, ldy);
 }
 
 namespace {

@@ -225,7 +225,7 @@ void MatmulPanelsAvx512(const float* x, int64_t ldx, int m, const float* w, int 
 
 void QuantMatmulPanelsAvx512(const float* x, int64_t ldx, int m, const PackedMatrix& w, int p0,
                              int p1, float* y, int64_t ldy) {
-  QuantMatmulPanelsWith<Avx512Kernel>(x, ldx, m, w, p0, p1, y, ldy);
+  QuantMatmulPanelsOf(x, ldx, m, w, p0, p1, y, ldy);
 }
 
 }  // namespace coalesce::engine::cpu

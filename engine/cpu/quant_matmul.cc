@@ -1,9 +1,11 @@
 #include "engine/cpu/quant_matmul.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -247,6 +249,86 @@ void PackedMatrix::DequantizeRow(int r, float* out) const {
           }
         }
         break;
+    }
+  }
+}
+
+void PackedMatrix::RowCodes(int r, float* q, float* dl, float* ml) const {
+  const int lane = r % kQuantPanelRows;
+  const uint8_t* panel = this->panel(r / kQuantPanelRows);
+  const GroupLayout g = LayoutOf(type_);
+  const int n = QuantBlockSize(type_);
+  for (int64_t gi = 0; gi < cols_ / n; ++gi) {
+    const uint8_t* group = panel + gi * group_bytes_;
+    float* qg = q + gi * n;
+    const float d = Half(group + g.d + 2 * lane);
+    auto nibble = [&](int k) {
+      return (group[g.q + k * 16 + lane % 16] >> (lane < 16 ? 0 : 4)) & 15;
+    };
+    switch (type_) {
+      case QuantType::kQ8_0:
+        for (int k = 0; k < 32; ++k) {
+          qg[k] = static_cast<float>(static_cast<int8_t>(group[g.q + k * 32 + lane]));
+        }
+        dl[gi] = d;
+        ml[gi] = 0.0f;
+        break;
+      case QuantType::kQ4_0:
+      case QuantType::kQ4_1:
+        for (int k = 0; k < 32; ++k) qg[k] = static_cast<float>(nibble(k));
+        dl[gi] = d;
+        ml[gi] = type_ == QuantType::kQ4_0 ? -8.0f * d : Half(group + g.m + 2 * lane);
+        break;
+      case QuantType::kQ4_K: {
+        const float dmin = Half(group + g.m + 2 * lane);
+        for (int k = 0; k < 256; ++k) qg[k] = static_cast<float>(nibble(k));
+        for (int j = 0; j < 8; ++j) {
+          dl[gi * 8 + j] = d * static_cast<float>(group[g.sc + j * 32 + lane]);
+          ml[gi * 8 + j] = -(dmin * static_cast<float>(group[g.mn + j * 32 + lane]));
+        }
+        break;
+      }
+      case QuantType::kQ6_K:
+        for (int k = 0; k < 256; ++k) {
+          const int high = (group[g.qh + k * 8 + lane % 8] >> (2 * (lane / 8))) & 3;
+          qg[k] = static_cast<float>(nibble(k) | high << 4);
+        }
+        for (int j = 0; j < 16; ++j) {
+          dl[gi * 16 + j] =
+              d * static_cast<float>(static_cast<int8_t>(group[g.sc + j * 32 + lane]));
+          ml[gi * 16 + j] = -32.0f * dl[gi * 16 + j];
+        }
+        break;
+    }
+  }
+}
+
+void QuantBlockSums(const float* x, int64_t ldx, int m, int k, int sub, float* sums) {
+  for (int i = 0; i < m; ++i) {
+    for (int b = 0; b < k / sub; ++b) {
+      float s = 0.0f;
+      for (int kk = b * sub; kk < (b + 1) * sub; ++kk) s += x[i * ldx + kk];
+      sums[i * (k / sub) + b] = s;
+    }
+  }
+}
+
+void QuantMatmulReference(const float* x, int64_t ldx, int m, const PackedMatrix& w, float* y,
+                          int64_t ldy) {
+  const int k = w.cols(), sub = w.type() == QuantType::kQ6_K ? 16 : 32, nsub = k / sub;
+  std::vector<float> q(k), dl(nsub), ml(nsub), sums(static_cast<size_t>(m) * nsub);
+  QuantBlockSums(x, ldx, m, k, sub, sums.data());
+  for (int j = 0; j < w.rows(); ++j) {
+    w.RowCodes(j, q.data(), dl.data(), ml.data());
+    for (int i = 0; i < m; ++i) {
+      float acc = 0.0f;
+      for (int b = 0; b < nsub; ++b) {
+        float t = 0.0f;
+        for (int kk = b * sub; kk < (b + 1) * sub; ++kk) t = std::fma(q[kk], x[i * ldx + kk], t);
+        if (w.type() != QuantType::kQ8_0) acc = std::fma(ml[b], sums[i * nsub + b], acc);
+        acc = std::fma(dl[b], t, acc);
+      }
+      y[i * ldy + j] = acc;
     }
   }
 }

@@ -1,21 +1,34 @@
 // The CPU matrix product with weights in a quantized block type (model.h,
 // QuantType), computed without a float32 copy of the weights.
 //
-// The arithmetic is Matmul's (kernels.h): every output element is one chain
-// of fused multiply-adds over k in increasing order, of x and the weight's
-// dequantized value, which is exactly the float gguf.quants.dequantize gives
-// (each block formula's products are exact in float32, and the one addition
-// of Q4_1 and Q4_K rounds once however it is computed). So a product with a
-// quantized matrix gives the same bits as Matmul with that matrix
-// dequantized: a sequence decodes the same alone or in any batch, on AVX2 or
-// AVX-512, and exactly as the float32 engine does on the dequantized file.
+// The arithmetic. A row's weights in one sub-block (the values of k that
+// share a scale: 32, or 16 for Q6_K) are w = dl * q + ml, with q the
+// block's integers and dl, ml exact products of the file's fields (Q8_0
+// has no ml). So x . w over the sub-block is dl * (q . x) + ml * sum(x),
+// and that is how it is computed, in float32 (fma: one rounding):
+//   y = 0
+//   for each sub-block b, in increasing k:
+//     t = 0;  for k in b: t = fma(q[k], x[k], t)
+//     y = fma(dl_b, t, fma(ml_b, s_b, y))        (Q8_0: y = fma(dl_b, t, y))
+// where s_b is the sum of x over the sub-block, added in k order from 0
+// (QuantBlockSums). QuantMatmulReference is this, one element at a time.
+// It is the product of the dequantized weights with x in exact arithmetic;
+// in float32 it differs from Matmul on the dequantized matrix only by the
+// roundings (one chain of k fmas there; here a chain per sub-block, and
+// the scales applied once per sub-block). quant_matmul_test bounds that
+// difference, and gguf_model_parity the logits against transformers.
 //
-// What changes is the memory traffic. Matmul transposes ("packs") panels of
-// 32 rows of float32 weights into a small buffer before it computes with
-// them; here the weights are laid out once, at load, as those panels in
-// their block type (PackedMatrix), and each panel is dequantized straight
-// into the buffer. Every weight byte read from memory is a quantized one: a
-// decode step reads Q4_0 weights in 18 bytes per 32 weights, not 128.
+// The dequantized weight costs no instruction: a decode step's product is
+// one conversion of an integer to float and one fma per weight, bound by
+// the memory that holds the quantized bytes. No output depends on the other
+// rows of X or W, the thread, the tile or the instruction set (the AVX-512
+// build runs the same 256-bit code), so a sequence decodes the same bits
+// alone or in any batch.
+//
+// The weights are laid out once, at load, as panels of 32 rows in their
+// block type (PackedMatrix): every weight byte read from memory is a
+// quantized one (a decode step reads Q4_0 weights in 18 bytes per 32
+// weights, not 128).
 #pragma once
 
 #include <cstdint>
@@ -66,6 +79,10 @@ class PackedMatrix {
   // Row r's dequantized weights (cols floats), one at a time: the embedding
   // lookup of a quantized embedding, and the tests' reference.
   void DequantizeRow(int r, float* out) const;
+  // Row r's integers (cols floats) and its sub-blocks' scales (cols / sub
+  // each; ml zero for Q8_0), such that weight k is dl[k / sub] * q[k] +
+  // ml[k / sub] (sub: 16 for Q6_K, else 32).
+  void RowCodes(int r, float* q, float* dl, float* ml) const;
 
  private:
   struct Free {
@@ -80,14 +97,24 @@ class PackedMatrix {
 // Bytes of one group of `type` (above).
 int64_t QuantGroupBytes(QuantType type);
 
-// y[i, j] = sum_k x[i, k] * w[j, k] for i < m, j < w.rows(), as Matmul does
-// with w dequantized, bit for bit.
+// The sub-block sums of the m rows of X: sums[i * (k / sub) + b] = x[i, b *
+// sub] + ... + x[i, b * sub + sub - 1], added in that order from 0.
+void QuantBlockSums(const float* x, int64_t ldx, int m, int k, int sub, float* sums);
+
+// y[i, j] = sum_k x[i, k] * w[j, k] for i < m, j < w.rows(), in the
+// arithmetic above.
 //   x: [m, w.cols()] (row stride ldx)   y: [m, w.rows()] (row stride ldy)
 void QuantMatmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const PackedMatrix& w,
                  float* y, int64_t ldy, MatmulIsa isa = BestMatmulIsa());
 
+// The definition above, one element at a time from the packed bytes (the
+// tests' reference).
+void QuantMatmulReference(const float* x, int64_t ldx, int m, const PackedMatrix& w, float* y,
+                          int64_t ldy);
+
 // The panels [p0, p1) of w against all m rows of x, on this thread: the
-// kernels QuantMatmul runs, one per instruction set (same bits).
+// kernels QuantMatmul runs, one per instruction set (the same code, so the
+// same bits).
 void QuantMatmulPanelsAvx2(const float* x, int64_t ldx, int m, const PackedMatrix& w, int p0,
                            int p1, float* y, int64_t ldy);
 void QuantMatmulPanelsAvx512(const float* x, int64_t ldx, int m, const PackedMatrix& w, int p0,

@@ -13,7 +13,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "engine/cpu/matmul_panels.h"
 #include "engine/cpu/quant_matmul.h"
@@ -66,328 +69,153 @@ inline void Q6Column(const uint8_t* low, const uint8_t* high, __m256i out[4]) {
   out[3] = _mm256_or_si256(n[3], _mm256_and_si256(_mm256_srli_epi32(h, 2), two));  // 24-31
 }
 
-// Calls sink(kk, i, v) with the dequantized weights of one group (its
-// layout: quant_matmul.h): v holds rows 8i .. 8i + 7 at column kk of the
-// group, kk in increasing order. Each value is the block formula's float, as
-// gguf.quants.dequantize computes it.
-template <typename Kernel, typename Sink>
-inline void ForEachValue(QuantType type, const uint8_t* group, Sink&& sink) {
-  static_assert(kPanel == 32, "a group holds 32 rows");
-  __m256 d[4];
-  for (int i = 0; i < 4; ++i) d[i] = Halves(group + 16 * i);
-  switch (type) {
-    case QuantType::kQ8_0: {
-      const uint8_t* q = group + 64;
-      for (int kk = 0; kk < 32; ++kk) {
-        for (int i = 0; i < 4; ++i) sink(kk, i, _mm256_mul_ps(Signed8(q + kk * 32 + 8 * i), d[i]));
-      }
-      break;
-    }
-    case QuantType::kQ4_0: {
-      // d * (q - 8) as fma(d, q, -8 d): d * q and 8 d are exact, and so is
-      // their difference, so the fused form's one rounding changes nothing
-      // (and saves an instruction).
-      __m256 c[4];
-      for (int i = 0; i < 4; ++i) c[i] = _mm256_mul_ps(d[i], _mm256_set1_ps(-8.0f));
-      for (int kk = 0; kk < 32; ++kk) {
-        __m256i n[4];
-        Nibbles(group + 64 + kk * 16, n);
-        for (int i = 0; i < 4; ++i) {
-          sink(kk, i, _mm256_fmadd_ps(d[i], _mm256_cvtepi32_ps(n[i]), c[i]));
-        }
-      }
-      break;
-    }
-    case QuantType::kQ4_1: {
-      __m256 m[4];
-      for (int i = 0; i < 4; ++i) m[i] = Halves(group + 64 + 16 * i);
-      for (int kk = 0; kk < 32; ++kk) {
-        __m256i n[4];
-        Nibbles(group + 128 + kk * 16, n);
-        for (int i = 0; i < 4; ++i) {
-          // d * q is exact, so a fused d * q + m rounds as the two steps do.
-          sink(kk, i, _mm256_fmadd_ps(d[i], _mm256_cvtepi32_ps(n[i]), m[i]));
-        }
-      }
-      break;
-    }
-    case QuantType::kQ4_K: {
-      __m256 dmin[4];
-      for (int i = 0; i < 4; ++i) dmin[i] = Halves(group + 64 + 16 * i);
-      for (int j = 0; j < 8; ++j) {
-        __m256 dl[4], ml[4];
-        for (int i = 0; i < 4; ++i) {
-          dl[i] = _mm256_mul_ps(d[i], Unsigned8(group + 128 + j * 32 + 8 * i));
-          ml[i] = _mm256_mul_ps(dmin[i], Unsigned8(group + 384 + j * 32 + 8 * i));
-        }
-        for (int kk = 32 * j; kk < 32 * j + 32; ++kk) {
-          __m256i n[4];
-          Nibbles(group + 640 + kk * 16, n);
-          for (int i = 0; i < 4; ++i) {
-            // dl * q is exact (17 bits by 4): fused, the one rounding is the
-            // subtraction's.
-            sink(kk, i, _mm256_fmsub_ps(dl[i], _mm256_cvtepi32_ps(n[i]), ml[i]));
-          }
-        }
-      }
-      break;
-    }
-    case QuantType::kQ6_K: {
-      // dl * (q - 32) as fma(dl, q, -32 dl): exact, as Q4_0's.
-      for (int j = 0; j < 16; ++j) {
-        __m256 dl[4], c[4];
-        for (int i = 0; i < 4; ++i) {
-          dl[i] = _mm256_mul_ps(d[i], Signed8(group + 64 + j * 32 + 8 * i));
-          c[i] = _mm256_mul_ps(dl[i], _mm256_set1_ps(-32.0f));
-        }
-        for (int kk = 16 * j; kk < 16 * j + 16; ++kk) {
-          __m256i q[4];
-          Q6Column(group + 576 + kk * 16, group + 576 + 4096 + kk * 8, q);
-          for (int i = 0; i < 4; ++i) {
-            sink(kk, i, _mm256_fmadd_ps(dl[i], _mm256_cvtepi32_ps(q[i]), c[i]));
-          }
-        }
-      }
-      break;
+// A block type's sub-blocks: the runs of k in a row that share one scale
+// (and offset), 32 values (16 for Q6_K).
+constexpr int SubBlock(QuantType type) { return type == QuantType::kQ6_K ? 16 : 32; }
+constexpr int GroupSize(QuantType type) {
+  return type == QuantType::kQ4_K || type == QuantType::kQ6_K ? 256 : 32;
+}
+constexpr bool HasOffset(QuantType type) { return type != QuantType::kQ8_0; }
+
+// The integers of column kk of a group (its layout: quant_matmul.h) as
+// floats (exact): q[i] holds rows 8i .. 8i + 7.
+template <QuantType kType>
+inline void Codes(const uint8_t* group, int kk, __m256 q[4]) {
+  __m256i n[4];
+  if constexpr (kType == QuantType::kQ8_0) {
+    for (int i = 0; i < 4; ++i) q[i] = Signed8(group + 64 + kk * 32 + 8 * i);
+    return;
+  } else if constexpr (kType == QuantType::kQ6_K) {
+    Q6Column(group + 576 + kk * 16, group + 576 + 4096 + kk * 8, n);
+  } else {
+    constexpr int kAt = kType == QuantType::kQ4_0 ? 64 : kType == QuantType::kQ4_1 ? 128 : 640;
+    Nibbles(group + kAt + kk * 16, n);
+  }
+  for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtepi32_ps(n[i]);
+}
+
+// The scales of sub-block j of a group: a weight is dl * q + ml (Q8_0 has
+// no ml), rows 8i .. 8i + 7 in [i]. Each is an exact product of the file's
+// fields: Q4_0's ml is -8 d, Q4_1's m, Q4_K's -dmin * min, Q6_K's -32 dl.
+template <QuantType kType>
+inline void Scales(const uint8_t* group, int j, __m256 dl[4], __m256 ml[4]) {
+  for (int i = 0; i < 4; ++i) {
+    const __m256 d = Halves(group + 16 * i);
+    if constexpr (kType == QuantType::kQ8_0) {
+      dl[i] = d;
+    } else if constexpr (kType == QuantType::kQ4_0) {
+      dl[i] = d;
+      ml[i] = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+    } else if constexpr (kType == QuantType::kQ4_1) {
+      dl[i] = d;
+      ml[i] = Halves(group + 64 + 16 * i);
+    } else if constexpr (kType == QuantType::kQ4_K) {
+      dl[i] = _mm256_mul_ps(d, Unsigned8(group + 128 + j * 32 + 8 * i));
+      ml[i] = _mm256_mul_ps(
+          Halves(group + 64 + 16 * i),
+          _mm256_mul_ps(Unsigned8(group + 384 + j * 32 + 8 * i), _mm256_set1_ps(-1.0f)));
+    } else {
+      dl[i] = _mm256_mul_ps(d, Signed8(group + 64 + j * 32 + 8 * i));
+      ml[i] = _mm256_mul_ps(dl[i], _mm256_set1_ps(-32.0f));
     }
   }
 }
 
-#ifdef __AVX512F__
-// The same values 16 rows at a time (the AVX-512 file only): sink(kk, i, v)
-// with v holding rows 16i .. 16i + 15, i < 2. Half the instructions of the
-// AVX2 sequence for the same arithmetic.
-inline __m512 Halves16(const uint8_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline __m512 Unsigned16(const uint8_t* p) {
-  return _mm512_cvtepi32_ps(
-      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-inline __m512 Signed16(const uint8_t* p) {
-  return _mm512_cvtepi32_ps(
-      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-// 16 bytes of nibbles -> rows 0..15 (low nibbles) and 16..31 (high): the
-// bytes widened once, then split in their 32-bit lanes.
-inline void Nibbles16(const uint8_t* p, __m512i out[2]) {
-  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  out[0] = _mm512_and_si512(v, _mm512_set1_epi32(15));
-  out[1] = _mm512_srli_epi32(v, 4);
+// One sub-block's sum of codes times x, t, into its output y (the block
+// sum of x: s): y = fma(dl, t, fma(ml, s, y)), ml's term only where the
+// type has one (quant_matmul.h).
+template <QuantType kType>
+inline __m256 Settle(__m256 y, __m256 t, __m256 dl, __m256 ml, __m256 s) {
+  if constexpr (HasOffset(kType)) y = _mm256_fmadd_ps(ml, s, y);
+  return _mm256_fmadd_ps(dl, t, y);
 }
 
-template <typename Sink>
-inline void ForEachValue16(QuantType type, const uint8_t* group, Sink&& sink) {
-  __m512 d[2];
-  for (int i = 0; i < 2; ++i) d[i] = Halves16(group + 32 * i);
-  switch (type) {
-    case QuantType::kQ8_0: {
-      const uint8_t* q = group + 64;
-      for (int kk = 0; kk < 32; ++kk) {
-        for (int i = 0; i < 2; ++i)
-          sink(kk, i, _mm512_mul_ps(Signed16(q + kk * 32 + 16 * i), d[i]));
-      }
-      break;
-    }
-    case QuantType::kQ4_0: {
-      // No conversion: with byte c (rows c and c + 16) at bits 12-19 of a
-      // lane, row c's nibble q lies in the mantissa of 2048 + q (exponent
-      // bits of 2^11 over bits 12-15 alone) and row c + 16's in that of
-      // 128 + q (2^7 over bits 16-19). Then d (q - 8) = fma(d, 2048 + q,
-      // -2056 d), and fma(d, 128 + q, -136 d): every product of d (11
-      // significant bits) with these (at most 12) is exact, and so is d (q -
-      // 8), so the one rounding leaves it as it is, as in the other types'
-      // formulas (ForEachValue).
-      const __m512i mask[2] = {_mm512_set1_epi32(0x0000F000), _mm512_set1_epi32(0x000F0000)};
-      const __m512i exponent[2] = {_mm512_set1_epi32(0x45000000), _mm512_set1_epi32(0x43000000)};
-      const __m512 c[2] = {_mm512_mul_ps(d[0], _mm512_set1_ps(-2056.0f)),
-                           _mm512_mul_ps(d[1], _mm512_set1_ps(-136.0f))};
-      for (int kk = 0; kk < 32; ++kk) {
-        const __m512i v = _mm512_slli_epi32(
-            _mm512_cvtepu8_epi32(
-                _mm_loadu_si128(reinterpret_cast<const __m128i*>(group + 64 + kk * 16))),
-            12);
-        for (int i = 0; i < 2; ++i) {
-          // (v & mask) | exponent
-          const __m512 f =
-              _mm512_castsi512_ps(_mm512_ternarylogic_epi32(v, mask[i], exponent[i], 0xEA));
-          sink(kk, i, _mm512_fmadd_ps(d[i], f, c[i]));
-        }
-      }
-      break;
-    }
-    case QuantType::kQ4_1: {
-      __m512 m[2];
-      for (int i = 0; i < 2; ++i) m[i] = Halves16(group + 64 + 32 * i);
-      for (int kk = 0; kk < 32; ++kk) {
-        __m512i n[2];
-        Nibbles16(group + 128 + kk * 16, n);
-        for (int i = 0; i < 2; ++i) {
-          sink(kk, i, _mm512_fmadd_ps(d[i], _mm512_cvtepi32_ps(n[i]), m[i]));  // exact, as above
-        }
-      }
-      break;
-    }
-    case QuantType::kQ4_K: {
-      __m512 dmin[2];
-      for (int i = 0; i < 2; ++i) dmin[i] = Halves16(group + 64 + 32 * i);
-      for (int j = 0; j < 8; ++j) {
-        __m512 dl[2], ml[2];
-        for (int i = 0; i < 2; ++i) {
-          dl[i] = _mm512_mul_ps(d[i], Unsigned16(group + 128 + j * 32 + 16 * i));
-          ml[i] = _mm512_mul_ps(dmin[i], Unsigned16(group + 384 + j * 32 + 16 * i));
-        }
-        for (int kk = 32 * j; kk < 32 * j + 32; ++kk) {
-          __m512i n[2];
-          Nibbles16(group + 640 + kk * 16, n);
-          for (int i = 0; i < 2; ++i) {
-            sink(kk, i, _mm512_fmsub_ps(dl[i], _mm512_cvtepi32_ps(n[i]), ml[i]));  // as above
-          }
-        }
-      }
-      break;
-    }
-    case QuantType::kQ6_K: {
-      // The rotations that bring lane c's two high bits to bits 4-5, for
-      // rows c (from bit 2 (c / 8)) and c + 16 (from 4 + 2 (c / 8)).
-      const __m512i rotate_low = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 4, 4, 4, 4, 4, 4, 4, 4);
-      const __m512i rotate_high =
-          _mm512_set_epi32(30, 30, 30, 30, 30, 30, 30, 30, 0, 0, 0, 0, 0, 0, 0, 0);
-      for (int j = 0; j < 16; ++j) {
-        __m512 dl[2], c[2];  // fma(dl, q, -32 dl), exact
-        for (int i = 0; i < 2; ++i) {
-          dl[i] = _mm512_mul_ps(d[i], Signed16(group + 64 + j * 32 + 16 * i));
-          c[i] = _mm512_mul_ps(dl[i], _mm512_set1_ps(-32.0f));
-        }
-        for (int kk = 16 * j; kk < 16 * j + 16; ++kk) {
-          // In 32-bit lanes: lane c holds byte c of the low bits (row c's
-          // low nibble, row c + 16's high one) and byte c % 8 of the high
-          // bits (the 8 bytes twice, widened), whose two bits for row c (at
-          // 2 (c / 8)) and for row c + 16 (at 4 + 2 (c / 8)) a per-lane
-          // rotation brings to bits 4-5.
-          const __m512i low = _mm512_cvtepu8_epi32(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(group + 576 + kk * 16)));
-          int64_t bits;
-          std::memcpy(&bits, group + 576 + 4096 + kk * 8, 8);
-          const __m512i high = _mm512_cvtepu8_epi32(_mm_set1_epi64x(bits));
-          const __m512i two = _mm512_set1_epi32(0x30);
-          const __m512i q[2] = {
-              // (low & 15) | (rotated & 0x30)
-              _mm512_ternarylogic_epi32(low, _mm512_set1_epi32(15),
-                                        _mm512_and_si512(_mm512_rolv_epi32(high, rotate_low), two),
-                                        0xEA),
-              _mm512_or_si512(_mm512_srli_epi32(low, 4),
-                              _mm512_and_si512(_mm512_rolv_epi32(high, rotate_high), two))};
-          for (int i = 0; i < 2; ++i) {
-            sink(kk, i, _mm512_fmadd_ps(dl[i], _mm512_cvtepi32_ps(q[i]), c[i]));
-          }
-        }
-      }
-      break;
-    }
-  }
-}
-#endif  // __AVX512F__
-
-// Dequantizes `groups` consecutive groups of a packed panel into
-// panel[kk * kPanel + r], kk counting from the first group's first column.
-template <typename Kernel>
-void UnpackGroups(QuantType type, const uint8_t* group, int groups, int64_t group_bytes,
-                  float* panel) {
-  const int block = QuantBlockSize(type);
-  for (int gi = 0; gi < groups; ++gi, group += group_bytes, panel += block * kPanel) {
-#ifdef __AVX512F__
-    ForEachValue16(type, group, [panel](int kk, int i, __m512 v) {
-      _mm512_store_ps(panel + kk * kPanel + 16 * i, v);
-    });
-#else
-    ForEachValue<Kernel>(type, group, [panel](int kk, int i, __m256 v) {
-      _mm256_store_ps(panel + kk * kPanel + 8 * i, v);
-    });
-#endif
-  }
+// This thread's block sums of the m rows of X (quant_matmul.h's
+// QuantBlockSums): sums[i * (k / sub) + b].
+inline const float* BlockSumsOf(const float* x, int64_t ldx, int m, int k, int sub) {
+  thread_local std::vector<float> sums;
+  sums.resize(static_cast<size_t>(m) * (k / sub));
+  QuantBlockSums(x, ldx, m, k, sub, sums.data());
+  return sums.data();
 }
 
 // Runs of panels that one row of X reads in lockstep (QuantMatvecPanels): a
 // core keeps more reads in flight over several sequential streams than over
-// one, and more chains hide the FMAs' latency. With AVX-512 and four runs,
-// coalesce-quant-bench --rows=1 --int8=false timed Q8_0, Q4_0 and Q4_1 in
-// 13-23% less time than with one (docs/performance.md); Q4_K and Q6_K,
-// bound by their instructions, in 4-10% more, so they read one. With AVX2
-// (16 registers: a run's sums take four) Q8_0 reads two: on an AMD EPYC it
-// reached 85% of its floor against 77% with one, in the mean of six runs
-// of each; Q4_0 and Q4_1 ran the same with two, and three or four runs
-// spilled and ran slower.
-inline constexpr int kMatvecRuns = 4;
-inline int MatvecRunsFor(QuantType type) {
-#ifdef __AVX512F__
-  return type == QuantType::kQ4_K || type == QuantType::kQ6_K ? 1 : kMatvecRuns;
-#else
-  return type == QuantType::kQ8_0 ? 2 : 1;
-#endif
-}
+// one, and more chains hide the FMAs' latency. Two rows of X read one.
+inline constexpr int kMatvecRuns = 2;
 
-// Panels ps[0 .. kRuns) against one row of X, group by group in lockstep:
-// each weight goes from its block straight into its output's chain, y[j] =
-// fma(w[j, k], x[k], y[j]) for k in increasing order, with no panel buffer
-// in between. `prefetch(group)` asks for the bytes ahead of a group.
-template <typename Kernel, int kRuns, typename Prefetcher>
-void MatvecRuns(const float* x, const PackedMatrix& w, const int* ps, float* y,
-                const Prefetcher& prefetch) {
-  const int block = QuantBlockSize(w.type()), groups = w.cols() / block;
+// kNx rows of X (1 or 2) against panels ps[0 .. kRuns), group by group in
+// lockstep: each sub-block's codes go from their bytes into one chain per
+// output (t), which then settles into the output (in `out`, in memory: 16
+// vector registers hold the chains and the codes). `prefetch(group)` asks
+// for the bytes ahead of a group.
+template <QuantType kType, int kRuns, int kNx, typename Prefetcher>
+void RunsOf(const float* x, int64_t ldx, const float* sums, const PackedMatrix& w, const int* ps,
+            float* y, int64_t ldy, const Prefetcher& prefetch) {
+  static_assert(kRuns * kNx <= 2, "eight chains");
+  constexpr int kSub = SubBlock(kType), kGroup = GroupSize(kType), kSubs = kGroup / kSub;
+  const int groups = w.cols() / kGroup, nsub = w.cols() / kSub;
   const uint8_t* group[kRuns];
   for (int s = 0; s < kRuns; ++s) group[s] = w.panel(ps[s]);
-  alignas(64) float out[kRuns][kPanel];
-#ifdef __AVX512F__
-  __m512 acc[kRuns][2];
-  for (int s = 0; s < kRuns; ++s) acc[s][0] = acc[s][1] = _mm512_setzero_ps();
+  alignas(32) float out[kRuns][kNx][kPanel] = {};
   for (int gi = 0; gi < groups; ++gi) {
-    const float* xg = x + gi * block;
-#pragma GCC unroll 4
-    for (int s = 0; s < kRuns; ++s) {
-      prefetch(group[s]);
-      __m512* a = acc[s];
-      ForEachValue16(w.type(), group[s], [a, xg](int kk, int i, __m512 v) {
-        a[i] = _mm512_fmadd_ps(v, _mm512_set1_ps(xg[kk]), a[i]);
-      });
-      group[s] += w.group_bytes();
+    for (int s = 0; s < kRuns; ++s) prefetch(group[s]);
+    for (int j = 0; j < kSubs; ++j) {
+      // The chains, t[(s * kNx + r) * 4 + i], as eight named variables:
+      // kept in registers (an array of them was stored on every step).
+      __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0, t4 = t0, t5 = t0, t6 = t0,
+             t7 = t0;
+      const float* xj = x + gi * kGroup + j * kSub;
+      for (int kk = j * kSub; kk < (j + 1) * kSub; ++kk, ++xj) {
+        __m256 q[4];
+        Codes<kType>(group[0], kk, q);
+        const __m256 x0 = _mm256_broadcast_ss(xj);
+        t0 = _mm256_fmadd_ps(q[0], x0, t0);
+        t1 = _mm256_fmadd_ps(q[1], x0, t1);
+        t2 = _mm256_fmadd_ps(q[2], x0, t2);
+        t3 = _mm256_fmadd_ps(q[3], x0, t3);
+        if constexpr (kNx == 2) {
+          const __m256 x1 = _mm256_broadcast_ss(xj + ldx);
+          t4 = _mm256_fmadd_ps(q[0], x1, t4);
+          t5 = _mm256_fmadd_ps(q[1], x1, t5);
+          t6 = _mm256_fmadd_ps(q[2], x1, t6);
+          t7 = _mm256_fmadd_ps(q[3], x1, t7);
+        } else if constexpr (kRuns == 2) {
+          Codes<kType>(group[1], kk, q);
+          t4 = _mm256_fmadd_ps(q[0], x0, t4);
+          t5 = _mm256_fmadd_ps(q[1], x0, t5);
+          t6 = _mm256_fmadd_ps(q[2], x0, t6);
+          t7 = _mm256_fmadd_ps(q[3], x0, t7);
+        }
+      }
+      const __m256 t[8] = {t0, t1, t2, t3, t4, t5, t6, t7};
+      for (int s = 0; s < kRuns; ++s) {
+        __m256 dl[4], ml[4];
+        Scales<kType>(group[s], j, dl, ml);
+        for (int r = 0; r < kNx; ++r) {
+          const __m256 sv = _mm256_broadcast_ss(sums + r * nsub + gi * kSubs + j);
+          for (int i = 0; i < 4; ++i) {
+            float* o = out[s][r] + 8 * i;
+            _mm256_store_ps(
+                o, Settle<kType>(_mm256_load_ps(o), t[(s * kNx + r) * 4 + i], dl[i], ml[i], sv));
+          }
+        }
+      }
     }
+    for (int s = 0; s < kRuns; ++s) group[s] += w.group_bytes();
   }
-  for (int s = 0; s < kRuns; ++s) {
-    for (int i = 0; i < 2; ++i) _mm512_store_ps(out[s] + 16 * i, acc[s][i]);
-  }
-#else
-  __m256 acc[kRuns][4];
-  for (int s = 0; s < kRuns; ++s) {
-    for (int i = 0; i < 4; ++i) acc[s][i] = _mm256_setzero_ps();
-  }
-  for (int gi = 0; gi < groups; ++gi) {
-    const float* xg = x + gi * block;
-#pragma GCC unroll 4
-    for (int s = 0; s < kRuns; ++s) {
-      prefetch(group[s]);
-      __m256* a = acc[s];
-      ForEachValue<Kernel>(w.type(), group[s], [a, xg](int kk, int i, __m256 v) {
-        a[i] = _mm256_fmadd_ps(v, _mm256_broadcast_ss(xg + kk), a[i]);
-      });
-      group[s] += w.group_bytes();
-    }
-  }
-  for (int s = 0; s < kRuns; ++s) {
-    for (int i = 0; i < 4; ++i) _mm256_store_ps(out[s] + 8 * i, acc[s][i]);
-  }
-#endif
   for (int s = 0; s < kRuns; ++s) {
     const int j = ps[s] * kPanel, rows = std::min(kPanel, w.rows() - j);
-    std::copy_n(out[s], rows, y + j);
+    for (int r = 0; r < kNx; ++r) std::copy_n(out[s][r], rows, y + r * ldy + j);
   }
 }
 
-// One row of X against panels [p0, p1) (a decode step of one sequence,
-// bound by reading the blocks): MatvecRunsFor(type) runs of consecutive
-// panels, the t-th panel of each together (MatvecRuns).
-template <typename Kernel>
-void QuantMatvecPanels(const float* x, const PackedMatrix& w, int p0, int p1, float* y) {
+// One row of X (a decode step of one sequence, bound by reading the
+// blocks) or two against panels [p0, p1): one row reads kMatvecRuns runs of
+// consecutive panels, the t-th panel of each together; two rows read one.
+template <QuantType kType>
+void FewRowsPanels(const float* x, int64_t ldx, int m, const float* sums, const PackedMatrix& w,
+                   int p0, int p1, float* y, int64_t ldy) {
   // Each group asks for the bytes `ahead` of it (the panels of a run lie one
   // after another, so past a panel's end come the next one's groups).
   const int64_t ahead = std::max<int64_t>(4096, 2 * w.group_bytes());
@@ -399,96 +227,161 @@ void QuantMatvecPanels(const float* x, const PackedMatrix& w, int p0, int p1, fl
       _mm_prefetch(reinterpret_cast<const char*>(base + line), _MM_HINT_T0);
     }
   };
-  static_assert(kMatvecRuns == 4);
-  const int runs = MatvecRunsFor(w.type());
-  const int n = p1 - p0, per = (n + runs - 1) / runs;
+  if (m == 2) {
+    for (int p = p0; p < p1; ++p) RunsOf<kType, 1, 2>(x, ldx, sums, w, &p, y, ldy, prefetch);
+    return;
+  }
+  const int n = p1 - p0, per = (n + kMatvecRuns - 1) / kMatvecRuns;
   for (int t = 0; t < per; ++t) {
     int ps[kMatvecRuns];
     int count = 0;
-    for (int s = 0; s < runs; ++s) {
+    for (int s = 0; s < kMatvecRuns; ++s) {
       if (s * per + t < n) ps[count++] = p0 + s * per + t;
     }
-    switch (count) {
-      case 1:
-        MatvecRuns<Kernel, 1>(x, w, ps, y, prefetch);
-        break;
-      case 2:
-        MatvecRuns<Kernel, 2>(x, w, ps, y, prefetch);
-        break;
-      case 3:
-        MatvecRuns<Kernel, 3>(x, w, ps, y, prefetch);
-        break;
-      default:
-        MatvecRuns<Kernel, 4>(x, w, ps, y, prefetch);
+    if (count == kMatvecRuns) {
+      RunsOf<kType, kMatvecRuns, 1>(x, ldx, sums, w, ps, y, ldy, prefetch);
+    } else {
+      for (int s = 0; s < count; ++s)
+        RunsOf<kType, 1, 1>(x, ldx, sums, w, ps + s, y, ldy, prefetch);
     }
   }
 }
 
-#ifndef __AVX512F__
-// Two rows of X with AVX2: each panel's weights go from their blocks
-// straight into both rows' chains (8 accumulators), with no panel buffer in
-// between, so the dequantization, most of the work, is done once for both.
-// On an AVX2-only AMD EPYC, coalesce-quant-bench --rows=2 --int8=false
-// timed Q8_0, Q4_K and Q6_K in 28-43% less time this way than through the
-// panel buffer, Q4_0 in 15% less, Q4_1 the same; with three or four rows
-// (12 or 16 sums in 16 registers) it ran slower than the buffer.
-template <typename Kernel>
-void QuantTwoRowsPanels(const float* x, int64_t ldx, const PackedMatrix& w, int p0, int p1,
-                        float* y, int64_t ldy) {
-  const int block = QuantBlockSize(w.type()), groups = w.cols() / block;
-  for (int p = p0; p < p1; ++p) {
-    const uint8_t* group = w.panel(p);
-    __m256 acc[4][2];
-    for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
-    for (int gi = 0; gi < groups; ++gi, group += w.group_bytes()) {
-      const float* xg = x + gi * block;
-      ForEachValue<Kernel>(w.type(), group, [&acc, xg, ldx](int kk, int i, __m256 v) {
-        acc[i][0] = _mm256_fmadd_ps(v, _mm256_broadcast_ss(xg + kk), acc[i][0]);
-        acc[i][1] = _mm256_fmadd_ps(v, _mm256_broadcast_ss(xg + ldx + kk), acc[i][1]);
-      });
-    }
-    const int j = p * kPanel, rows = std::min(kPanel, w.rows() - j);
-    alignas(32) float out[kPanel];
-    for (int r = 0; r < 2; ++r) {
-      for (int i = 0; i < 4; ++i) _mm256_store_ps(out + 8 * i, acc[i][r]);
-      std::copy_n(out, rows, y + r * ldy + j);
-    }
-  }
+// This thread's buffer of a panel's scales and offsets, kKBlock values of
+// k of them (2 x kKBlock / 16 x kPanel floats), 64-byte aligned: on the
+// heap, as PanelBuffer's, so that a thread's own storage stays small (a
+// library thread with a small stack cannot start where the static
+// thread-local storage outgrows it).
+inline float* ScaleBuffer() {
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  thread_local const std::unique_ptr<float, Free> buffer(
+      static_cast<float*>(std::aligned_alloc(64, sizeof(float) * 2 * kKBlock / 16 * kPanel)));
+  return buffer.get();
 }
-#endif  // !__AVX512F__
 
-// Panels [p0, p1) of w against all m rows of x (quant_matmul.h).
-template <typename Kernel>
-void QuantMatmulPanelsWith(const float* x, int64_t ldx, int m, const PackedMatrix& w, int p0,
-                           int p1, float* y, int64_t ldy) {
-  if (m == 1) {
-    QuantMatvecPanels<Kernel>(x, w, p0, p1, y);
-    return;
-  }
-#ifndef __AVX512F__
-  if (m == 2) {
-    QuantTwoRowsPanels<Kernel>(x, ldx, w, p0, p1, y, ldy);
-    return;
-  }
-#endif
-  float* panel = PanelBuffer();
-  const int k = w.cols(), block = QuantBlockSize(w.type());
-  const int tiles = (m + Kernel::kTileX - 1) / Kernel::kTileX;
-  const Prefetch none{};
-  for (int p = p0; p < p1; ++p) {
-    const int j = p * kPanel;
-    const int rows = std::min(kPanel, w.rows() - j);
-    for (int k0 = 0; k0 < k; k0 += kKBlock) {
-      const int kb = std::min(kKBlock, k - k0);
-      UnpackGroups<Kernel>(w.type(), w.panel(p) + int64_t{k0 / block} * w.group_bytes(), kb / block,
-                           w.group_bytes(), panel);
-      for (int tile = 0, i = 0; tile < tiles; ++tile) {
-        const int height = std::min(Kernel::kTileX, m - i);
-        TileOf<Kernel>(height, x + i * ldx + k0, ldx, panel, kb, k0 > 0, rows, y + i * ldy + j, ldy,
-                       none);
-        i += height;
+// Many rows of X: each panel's codes (as floats) and scales are unpacked
+// into this thread's buffers, kKBlock values of k at a time, and tiles of
+// kTileRows rows of X run against them (Tile); the outputs settle in a
+// buffer of m x 32 floats and go to y once the panel is done.
+inline constexpr int kTileRows = 6;
+
+// kRx rows of X (x at the buffer's first k, row stride ldx; their block
+// sums from the buffer's first sub-block, row stride nsub) against kb values
+// of k of the unpacked panel: 16 rows of W at a time, 2 x kRx chains.
+template <QuantType kType, int kRx>
+void Tile(const float* x, int64_t ldx, const float* sums, int nsub, const float* codes,
+          const float* dl, const float* ml, int kb, float* out) {
+  constexpr int kSub = SubBlock(kType);
+  for (int r0 = 0; r0 < kPanel; r0 += 16) {
+    for (int j = 0; j < kb / kSub; ++j) {
+      __m256 t[kRx][2];
+      for (auto& a : t) a[0] = a[1] = _mm256_setzero_ps();
+      for (int kk = j * kSub; kk < (j + 1) * kSub; ++kk) {
+        const __m256 w0 = _mm256_load_ps(codes + kk * kPanel + r0);
+        const __m256 w1 = _mm256_load_ps(codes + kk * kPanel + r0 + 8);
+        for (int a = 0; a < kRx; ++a) {
+          const __m256 xv = _mm256_broadcast_ss(x + a * ldx + kk);
+          t[a][0] = _mm256_fmadd_ps(w0, xv, t[a][0]);
+          t[a][1] = _mm256_fmadd_ps(w1, xv, t[a][1]);
+        }
+      }
+      const float* dj = dl + j * kPanel + r0;
+      const float* mj = ml + j * kPanel + r0;
+      for (int a = 0; a < kRx; ++a) {
+        const __m256 sv = _mm256_broadcast_ss(sums + a * nsub + j);
+        for (int h = 0; h < 2; ++h) {
+          float* o = out + a * kPanel + r0 + 8 * h;
+          _mm256_storeu_ps(o, Settle<kType>(_mm256_loadu_ps(o), t[a][h], _mm256_load_ps(dj + 8 * h),
+                                            _mm256_load_ps(mj + 8 * h), sv));
+        }
       }
     }
+  }
+}
+
+template <QuantType kType, int kRx = kTileRows>
+inline void TileOfRows(int r, const float* x, int64_t ldx, const float* sums, int nsub,
+                       const float* codes, const float* dl, const float* ml, int kb, float* out) {
+  if constexpr (kRx >= 1) {
+    if (r == kRx) {
+      Tile<kType, kRx>(x, ldx, sums, nsub, codes, dl, ml, kb, out);
+    } else {
+      TileOfRows<kType, kRx - 1>(r, x, ldx, sums, nsub, codes, dl, ml, kb, out);
+    }
+  }
+}
+
+template <QuantType kType>
+void ManyRowsPanels(const float* x, int64_t ldx, int m, const float* sums, const PackedMatrix& w,
+                    int p0, int p1, float* y, int64_t ldy) {
+  constexpr int kSub = SubBlock(kType), kGroup = GroupSize(kType), kSubs = kGroup / kSub;
+  static_assert(kKBlock % kGroup == 0);
+  float* codes = PanelBuffer();
+  float* dl = ScaleBuffer();
+  float* ml = dl + kKBlock / 16 * kPanel;
+  thread_local std::vector<float> out_buffer;
+  out_buffer.resize(static_cast<size_t>(m) * kPanel);
+  float* out = out_buffer.data();
+  const int k = w.cols(), nsub = k / kSub;
+  for (int p = p0; p < p1; ++p) {
+    std::fill(out_buffer.begin(), out_buffer.end(), 0.0f);
+    for (int k0 = 0; k0 < k; k0 += kKBlock) {
+      const int kb = std::min(kKBlock, k - k0);
+      const uint8_t* group = w.panel(p) + int64_t{k0 / kGroup} * w.group_bytes();
+      for (int g = 0; g < kb / kGroup; ++g, group += w.group_bytes()) {
+        for (int kk = 0; kk < kGroup; ++kk) {
+          __m256 q[4];
+          Codes<kType>(group, kk, q);
+          float* c = codes + (g * kGroup + kk) * kPanel;
+          for (int i = 0; i < 4; ++i) _mm256_store_ps(c + 8 * i, q[i]);
+        }
+        for (int j = 0; j < kSubs; ++j) {
+          __m256 d[4], o[4];
+          Scales<kType>(group, j, d, o);
+          const int at = (g * kSubs + j) * kPanel;
+          for (int i = 0; i < 4; ++i) {
+            _mm256_store_ps(dl + at + 8 * i, d[i]);
+            if constexpr (HasOffset(kType)) _mm256_store_ps(ml + at + 8 * i, o[i]);
+          }
+        }
+      }
+      for (int i = 0; i < m; i += kTileRows) {
+        TileOfRows<kType>(std::min(kTileRows, m - i), x + i * ldx + k0, ldx,
+                          sums + i * nsub + k0 / kSub, nsub, codes, dl, ml, kb, out + i * kPanel);
+      }
+    }
+    const int j = p * kPanel, rows = std::min(kPanel, w.rows() - j);
+    for (int i = 0; i < m; ++i) std::copy_n(out + i * kPanel, rows, y + i * ldy + j);
+  }
+}
+
+// Panels [p0, p1) of w against all m rows of x (quant_matmul.h).
+template <QuantType kType>
+void QuantPanelsOf(const float* x, int64_t ldx, int m, const PackedMatrix& w, int p0, int p1,
+                   float* y, int64_t ldy) {
+  const float* sums = BlockSumsOf(x, ldx, m, w.cols(), SubBlock(kType));
+  if (m <= 2) {
+    FewRowsPanels<kType>(x, ldx, m, sums, w, p0, p1, y, ldy);
+  } else {
+    ManyRowsPanels<kType>(x, ldx, m, sums, w, p0, p1, y, ldy);
+  }
+}
+
+inline void QuantMatmulPanelsOf(const float* x, int64_t ldx, int m, const PackedMatrix& w, int p0,
+                                int p1, float* y, int64_t ldy) {
+  switch (w.type()) {
+    case QuantType::kQ8_0:
+      return QuantPanelsOf<QuantType::kQ8_0>(x, ldx, m, w, p0, p1, y, ldy);
+    case QuantType::kQ4_0:
+      return QuantPanelsOf<QuantType::kQ4_0>(x, ldx, m, w, p0, p1, y, ldy);
+    case QuantType::kQ4_1:
+      return QuantPanelsOf<QuantType::kQ4_1>(x, ldx, m, w, p0, p1, y, ldy);
+    case QuantType::kQ4_K:
+      return QuantPanelsOf<QuantType::kQ4_K>(x, ldx, m, w, p0, p1, y, ldy);
+    case QuantType::kQ6_K:
+      return QuantPanelsOf<QuantType::kQ6_K>(x, ldx, m, w, p0, p1, y, ldy);
   }
 }
 

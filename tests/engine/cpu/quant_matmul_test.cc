@@ -1,11 +1,14 @@
 // The matrix product with quantized weights (cpu/quant_matmul.h) against its
-// definitions, bit for bit: the panels dequantize every block type to what
-// gguf_quant.h's DequantizeToFloat gives (which tests/engine/model holds to
-// PyPI's gguf package), and the product equals the float32 definition
-// (MatmulReference) on those dequantized weights, for both instruction sets,
-// one or two threads, and shapes around every edge (panel rows, tile
-// heights, the 1024-value block of k).
+// definitions: the panels hold every block type as gguf_quant.h's
+// DequantizeToFloat reads it (which tests/engine/model holds to PyPI's gguf
+// package), the product equals its definition (QuantMatmulReference) bit
+// for bit for both instruction sets, one or two threads, and shapes around
+// every edge (panel rows, tile heights, the 1024-value block of k), and the
+// definition stays within float32's rounding bound of the float32 product
+// (MatmulReference) on the dequantized weights.
 #include "engine/cpu/quant_matmul.h"
+
+#include <pthread.h>
 
 #include <cmath>
 #include <cstdint>
@@ -136,7 +139,6 @@ void CheckProduct(MatmulIsa isa, int threads) {
       const int block = QuantBlockSize(type);
       const int k = block * (block == 256 ? (s.blocks + 7) / 8 + 4 : s.blocks);
       const std::vector<uint8_t> data = RandomBlocks(type, s.rows, k, rng.NextU64());
-      const std::vector<float> w = Dequantized(type, data, int64_t{s.rows} * k);
       absl::StatusOr<PackedMatrix> packed =
           PackedMatrix::Pack({.type = type, .rows = s.rows, .cols = k, .data = data.data()});
       ASSERT_TRUE(packed.ok()) << packed.status();
@@ -144,7 +146,7 @@ void CheckProduct(MatmulIsa isa, int threads) {
       std::vector<float> x(static_cast<size_t>(s.m) * ldx);
       for (float& v : x) v = rng.NextFloat() * 2.0f - 1.0f;
       std::vector<float> want(static_cast<size_t>(s.m) * ldy, -1.0f), got = want;
-      MatmulReference(x.data(), ldx, s.m, w.data(), s.rows, k, want.data(), ldy);
+      QuantMatmulReference(x.data(), ldx, s.m, *packed, want.data(), ldy);
       QuantMatmul(pool, x.data(), ldx, s.m, *packed, got.data(), ldy, isa);
       ExpectSameBits(
           want.data(), got.data(), static_cast<int64_t>(want.size()),
@@ -154,12 +156,77 @@ void CheckProduct(MatmulIsa isa, int threads) {
   }
 }
 
-TEST(QuantMatmulTest, EqualsTheFloatDefinitionWithAvx2) {
+TEST(QuantMatmulTest, RowCodesAreTheDequantizedWeights) {
+  // dl * q + ml, rounded once, is the file's value (each block formula's
+  // products are exact, so the one rounding is the formula's own).
+  for (QuantType type : kTypes) {
+    const int rows = 40, cols = 2 * QuantBlockSize(type), sub = type == QuantType::kQ6_K ? 16 : 32;
+    const std::vector<uint8_t> data = RandomBlocks(type, rows, cols, 6);
+    const std::vector<float> want = Dequantized(type, data, int64_t{rows} * cols);
+    absl::StatusOr<PackedMatrix> packed =
+        PackedMatrix::Pack({.type = type, .rows = rows, .cols = cols, .data = data.data()});
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    std::vector<float> q(cols), dl(cols / sub), ml(cols / sub);
+    for (int r = 0; r < rows; ++r) {
+      packed->RowCodes(r, q.data(), dl.data(), ml.data());
+      for (int k = 0; k < cols; ++k) {
+        ASSERT_EQ(std::fma(dl[k / sub], q[k], ml[k / sub]), want[r * cols + k])
+            << QuantTypeName(type) << " row " << r << " k " << k;
+      }
+    }
+  }
+}
+
+TEST(QuantMatmulTest, StaysWithinRoundingOfTheFloatProductOnDequantizedWeights) {
+  // Both compute sum_k w[k] x[k] in float32; each differs from the exact
+  // sum by at most (n + 2) 2^-24 times the sum of its terms' magnitudes (a
+  // chain of n fmas; here a chain per sub-block, its scale and offset, and
+  // the chain of sub-blocks). A wrong scale, offset or code is off by the
+  // size of the terms, not by a rounding.
+  ThreadPool pool(2);
+  Rng rng(8);
+  for (QuantType type : kTypes) {
+    const int rows = 50, k = 4 * QuantBlockSize(type), m = 3;
+    const int sub = type == QuantType::kQ6_K ? 16 : 32, nsub = k / sub;
+    const std::vector<uint8_t> data = RandomBlocks(type, rows, k, rng.NextU64());
+    const std::vector<float> w = Dequantized(type, data, int64_t{rows} * k);
+    absl::StatusOr<PackedMatrix> packed =
+        PackedMatrix::Pack({.type = type, .rows = rows, .cols = k, .data = data.data()});
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    std::vector<float> x(static_cast<size_t>(m) * k);
+    for (float& v : x) v = rng.NextFloat() * 2.0f - 1.0f;
+    std::vector<float> want(m * rows), got(m * rows);
+    MatmulReference(x.data(), k, m, w.data(), rows, k, want.data(), rows);
+    QuantMatmul(pool, x.data(), k, m, *packed, got.data(), rows);
+    std::vector<float> q(k), dl(nsub), ml(nsub);
+    for (int j = 0; j < rows; ++j) {
+      packed->RowCodes(j, q.data(), dl.data(), ml.data());
+      for (int i = 0; i < m; ++i) {
+        double exact = 0.0, terms = 0.0, factored = 0.0;
+        for (int kk = 0; kk < k; ++kk) {
+          const double xv = x[i * k + kk];
+          exact += double{w[j * k + kk]} * xv;
+          terms += std::fabs(double{w[j * k + kk]} * xv);
+          factored += std::fabs(double{dl[kk / sub]} * q[kk] * xv) + std::fabs(ml[kk / sub] * xv);
+        }
+        const double bound = (k + 2) * 0x1p-24 * (terms + factored);
+        const double diff = std::fabs(double{got[i * rows + j]} - double{want[i * rows + j]});
+        ASSERT_LE(std::fabs(got[i * rows + j] - exact), bound)
+            << QuantTypeName(type) << " row " << j << " of X " << i;
+        ASSERT_LE(diff, 2 * bound) << QuantTypeName(type) << " row " << j << " of X " << i;
+      }
+    }
+    // And they are not the same computation: some output differs.
+    EXPECT_NE(want, got) << QuantTypeName(type);
+  }
+}
+
+TEST(QuantMatmulTest, EqualsTheDefinitionWithAvx2) {
   CheckProduct(MatmulIsa::kAvx2, 1);
   CheckProduct(MatmulIsa::kAvx2, 2);
 }
 
-TEST(QuantMatmulTest, EqualsTheFloatDefinitionWithAvx512) {
+TEST(QuantMatmulTest, EqualsTheDefinitionWithAvx512) {
   if (BestMatmulIsa() != MatmulIsa::kAvx512) GTEST_SKIP() << "this processor has no AVX-512";
   CheckProduct(MatmulIsa::kAvx512, 1);
   CheckProduct(MatmulIsa::kAvx512, 2);
@@ -180,6 +247,21 @@ TEST(QuantMatmulTest, ARowGivesTheSameBitsInAnyBatch) {
   QuantMatmul(pool, x.data(), k, 1, *packed, alone.data(), rows);
   QuantMatmul(pool, x.data(), k, 41, *packed, batch.data(), rows);
   ExpectSameBits(alone.data(), batch.data(), rows, "row 0 alone and in a batch of 41");
+}
+
+TEST(QuantMatmulTest, LeavesRoomForThreadsWithSmallStacks) {
+  // A thread's static thread-local storage comes out of its stack: kernel
+  // buffers kept there once made a library's 64 KiB threads (civetweb's,
+  // the metrics endpoint's) fail to start.
+  pthread_attr_t attr;
+  ASSERT_EQ(pthread_attr_init(&attr), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&attr, 64 * 1024), 0);
+  pthread_t thread;
+  const int started = pthread_create(
+      &thread, &attr, [](void*) -> void* { return nullptr; }, nullptr);
+  EXPECT_EQ(started, 0) << "a thread with a 64 KiB stack cannot start: " << std::strerror(started);
+  if (started == 0) pthread_join(thread, nullptr);
+  pthread_attr_destroy(&attr);
 }
 
 TEST(QuantMatmulTest, RefusesShapesItCannotTake) {

@@ -19,7 +19,8 @@ Models:
 - SmolLM2-135M-Instruct.Q4_1.gguf (llama, tied embeddings; Q4_1, Q8_0 and F32
   tensors), fetched once by gguf_fetch.py, on three real chat prompts
   (transformers' tokenizer from the same file applies the chat template) for
-  STEPS steps. The France prompt must answer "The capital of France is
+  STEPS steps, dequantized at load and with its matrices kept quantized (as
+  the server runs it). The France prompt must answer "The capital of France is
   Paris." Then the Hugging Face folder transformers saves from it
   (save_pretrained) must load in the engine and give the same tokens and the
   same logits, bit for bit: both are the same float32 weights, q/k permuted
@@ -143,15 +144,13 @@ def test_smollm2_matches_transformers(tmp_path):
         print(f"prompt {p}: {alone['tokens']}\n  {tokenizer.decode(alone['tokens'])!r}")
 
     # The Q4_1 and Q8_0 matrices kept in their blocks, as the server runs the
-    # file on the CPU: the same logits, bit for bit, alone and batched.
+    # file on the CPU (each sub-block's scale applied to its sum of integers
+    # times activations: engine/cpu/quant_matmul.h): transformers' logits
+    # within the same tolerance, its greedy tokens, batched equal to alone
+    # bit for bit.
     kept = run_engine(path, prompts, STEPS, keep_quantized=True)
-    for run in ("alone", "batched"):
-        for p in range(len(prompts)):
-            assert kept[run][p]["tokens"] == engine[run][p]["tokens"], (run, p)
-            assert kept[run][p]["logits"] == engine[run][p]["logits"], (
-                f"{run} prompt {p}: the quantized matrices' logits differ from the "
-                f"dequantized ones'")
-    print("kept quantized: same tokens and bit-identical logits")
+    worst = check_parity(kept, model, prompts, STEPS, "SmolLM2 Q4_1 kept quantized")
+    print(f"kept quantized: transformers' tokens, logits within {worst:.3g} of the largest")
 
     # The Hugging Face folder transformers makes of the same file.
     saved = tmp_path / "smollm2-hf"
