@@ -77,7 +77,7 @@ void AddBias(std::span<const float> bias, int num_rows, float* rows) {
 }
 
 // A weight matrix laid out again at creation, as the backend computes with
-// it: a quantized one as panels whose product equals the float32 one on the
+// it: a quantized one as panels whose product is the float32 one on the
 // dequantized weights (cpu/quant_matmul.h), or, with --int8_activations, in
 // the int8 layout (cpu/quant_int8.h); a float32 one as the product's panels
 // (cpu/float_panels.h), the same bits as the model's rows.
@@ -763,7 +763,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::shared_ptr<const 
                      " bytes for ", kv.num_blocks, " KV blocks of ", KvDtypeName(kv.dtype)));
   }
   // --int8_activations where the processor has AVX2 (AVX512-VNNI is faster);
-  // elsewhere the exact numerics, which the server logs.
+  // elsewhere float32 activations, which the server logs.
   absl::StatusOr<PackedWeights> packed = PackWeights(
       model->config, model->weights, options.int8_activations && cpu::Int8DotSupported(),
       options.float_panels.value_or(cpu::BestMatmulIsa() == cpu::MatmulIsa::kAvx2));

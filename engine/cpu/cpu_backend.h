@@ -12,9 +12,10 @@
 // freed, and the process holds the weights once.
 //
 // Matrices the model holds quantized (model.h, QuantizedMatrix) stay in their
-// blocks, laid out again at creation: their product equals the float32 one
-// on the dequantized weights bit for bit (cpu/quant_matmul.h), or, with
-// int8_activations, multiplies int8 activations (cpu/quant_int8.h).
+// blocks, laid out again at creation: their product is the float32 one on
+// the dequantized weights, each sub-block's scale applied once to its sum
+// (cpu/quant_matmul.h), or, with int8_activations, multiplies int8
+// activations (cpu/quant_int8.h).
 //
 // The KV cache holds kv_cache.dtype: fp32, bf16 or fp16 (converted as each
 // token's K and V are written, rounding to nearest even), or int8 with one

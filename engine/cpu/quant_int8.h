@@ -21,8 +21,8 @@
 // rounding (half a step of 1/127 of a block's largest value) departs from
 // the float32 product. A row's result depends on that row alone, so a
 // sequence still decodes the same alone or in any batch; but its logits are
-// no longer bit for bit the dequantized model's (docs/quality.md measures the
-// difference).
+// no longer within float32 rounding of the dequantized model's
+// (docs/quality.md measures the difference).
 //
 // The weights are laid out once, at load, in groups of 16 rows (one 32-bit
 // lane each) and blocks of 32 columns: the 16 rows' scales together, then

