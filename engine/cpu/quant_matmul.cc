@@ -203,6 +203,19 @@ absl::StatusOr<PackedMatrix> PackedMatrix::Pack(const QuantizedMatrix& m) {
   return out;
 }
 
+namespace {
+
+// The integer of row `lane` of a group at its column k: Q8_0's signed byte,
+// Q6_K's 6 bits (0..63), the others' nibble (0..15).
+int RowCode(QuantType type, const GroupLayout& g, const uint8_t* group, int lane, int k) {
+  if (type == QuantType::kQ8_0) return static_cast<int8_t>(group[g.q + k * 32 + lane]);
+  const int nibble = (group[g.q + k * 16 + lane % 16] >> (lane < 16 ? 0 : 4)) & 15;
+  if (type != QuantType::kQ6_K) return nibble;
+  return nibble | ((group[g.qh + k * 8 + lane % 8] >> (2 * (lane / 8))) & 3) << 4;
+}
+
+}  // namespace
+
 void PackedMatrix::DequantizeRow(int r, float* out) const {
   const int lane = r % kQuantPanelRows;
   const uint8_t* panel = this->panel(r / kQuantPanelRows);
@@ -212,21 +225,17 @@ void PackedMatrix::DequantizeRow(int r, float* out) const {
     const uint8_t* group = panel + gi * group_bytes_;
     float* y = out + gi * n;
     const float d = Half(group + g.d + 2 * lane);
-    auto nibble = [&](int k) {
-      return (group[g.q + k * 16 + lane % 16] >> (lane < 16 ? 0 : 4)) & 15;
-    };
+    auto code = [&](int k) { return RowCode(type_, g, group, lane, k); };
     switch (type_) {
       case QuantType::kQ8_0:
-        for (int k = 0; k < 32; ++k) {
-          y[k] = static_cast<float>(static_cast<int8_t>(group[g.q + k * 32 + lane])) * d;
-        }
+        for (int k = 0; k < 32; ++k) y[k] = static_cast<float>(code(k)) * d;
         break;
       case QuantType::kQ4_0:
-        for (int k = 0; k < 32; ++k) y[k] = d * static_cast<float>(nibble(k) - 8);
+        for (int k = 0; k < 32; ++k) y[k] = d * static_cast<float>(code(k) - 8);
         break;
       case QuantType::kQ4_1: {
         const float m = Half(group + g.m + 2 * lane);
-        for (int k = 0; k < 32; ++k) y[k] = d * static_cast<float>(nibble(k)) + m;
+        for (int k = 0; k < 32; ++k) y[k] = d * static_cast<float>(code(k)) + m;
         break;
       }
       case QuantType::kQ4_K: {
@@ -235,18 +244,15 @@ void PackedMatrix::DequantizeRow(int r, float* out) const {
           const float dl = d * static_cast<float>(group[g.sc + j * 32 + lane]);
           const float ml = dmin * static_cast<float>(group[g.mn + j * 32 + lane]);
           for (int l = 0; l < 32; ++l)
-            y[32 * j + l] = dl * static_cast<float>(nibble(32 * j + l)) - ml;
+            y[32 * j + l] = dl * static_cast<float>(code(32 * j + l)) - ml;
         }
         break;
       }
       case QuantType::kQ6_K:
         for (int j = 0; j < 16; ++j) {
           const float dl = d * static_cast<float>(static_cast<int8_t>(group[g.sc + j * 32 + lane]));
-          for (int l = 0; l < 16; ++l) {
-            const int k = 16 * j + l;
-            const int high = (group[g.qh + k * 8 + lane % 8] >> (2 * (lane / 8))) & 3;
-            y[k] = dl * static_cast<float>((nibble(k) | high << 4) - 32);
-          }
+          for (int l = 0; l < 16; ++l)
+            y[16 * j + l] = dl * static_cast<float>(code(16 * j + l) - 32);
         }
         break;
     }
@@ -260,28 +266,20 @@ void PackedMatrix::RowCodes(int r, float* q, float* dl, float* ml) const {
   const int n = QuantBlockSize(type_);
   for (int64_t gi = 0; gi < cols_ / n; ++gi) {
     const uint8_t* group = panel + gi * group_bytes_;
-    float* qg = q + gi * n;
+    for (int k = 0; k < n; ++k)
+      q[gi * n + k] = static_cast<float>(RowCode(type_, g, group, lane, k));
     const float d = Half(group + g.d + 2 * lane);
-    auto nibble = [&](int k) {
-      return (group[g.q + k * 16 + lane % 16] >> (lane < 16 ? 0 : 4)) & 15;
-    };
     switch (type_) {
       case QuantType::kQ8_0:
-        for (int k = 0; k < 32; ++k) {
-          qg[k] = static_cast<float>(static_cast<int8_t>(group[g.q + k * 32 + lane]));
-        }
-        dl[gi] = d;
-        ml[gi] = 0.0f;
-        break;
       case QuantType::kQ4_0:
       case QuantType::kQ4_1:
-        for (int k = 0; k < 32; ++k) qg[k] = static_cast<float>(nibble(k));
         dl[gi] = d;
-        ml[gi] = type_ == QuantType::kQ4_0 ? -8.0f * d : Half(group + g.m + 2 * lane);
+        ml[gi] = type_ == QuantType::kQ8_0   ? 0.0f
+                 : type_ == QuantType::kQ4_0 ? -8.0f * d
+                                             : Half(group + g.m + 2 * lane);
         break;
       case QuantType::kQ4_K: {
         const float dmin = Half(group + g.m + 2 * lane);
-        for (int k = 0; k < 256; ++k) qg[k] = static_cast<float>(nibble(k));
         for (int j = 0; j < 8; ++j) {
           dl[gi * 8 + j] = d * static_cast<float>(group[g.sc + j * 32 + lane]);
           ml[gi * 8 + j] = -(dmin * static_cast<float>(group[g.mn + j * 32 + lane]));
@@ -289,10 +287,6 @@ void PackedMatrix::RowCodes(int r, float* q, float* dl, float* ml) const {
         break;
       }
       case QuantType::kQ6_K:
-        for (int k = 0; k < 256; ++k) {
-          const int high = (group[g.qh + k * 8 + lane % 8] >> (2 * (lane / 8))) & 3;
-          qg[k] = static_cast<float>(nibble(k) | high << 4);
-        }
         for (int j = 0; j < 16; ++j) {
           dl[gi * 16 + j] =
               d * static_cast<float>(static_cast<int8_t>(group[g.sc + j * 32 + lane]));
