@@ -1,12 +1,14 @@
-// The quantized matrix product's loop (quant_matmul.h): each packed panel is
-// dequantized into the panel buffer, kKBlock values of k at a time, and then
-// runs against every row of X through the float32 product's own tile kernel
-// (matmul_panels.h), so the arithmetic is Matmul's.
+// The quantized matrix product's kernels (quant_matmul.h, which defines
+// the arithmetic): one or two rows of X read each panel's blocks straight
+// into their chains (FewRowsPanels); more go through tiles over the panel's
+// integers and scales, unpacked into buffers kKBlock values of k at a time
+// (ManyRowsPanels). Every path computes the same definition, so a row's
+// result does not depend on the others.
 //
 // Included by kernels.cc (AVX2) and kernels_avx512.cc, into an anonymous
-// namespace, so that each file's instructions stay its own: the AVX-512
-// file (compiled with -mavx512f, __AVX512F__) dequantizes 16 rows a vector,
-// the AVX2 one 8 (AVX2 + F16C, x86-64-v3, which the engine is built for).
+// namespace. The code is AVX2 + F16C (x86-64-v3, which the engine is built
+// for) in both, so both give the same bits; the AVX-512 file's compiler may
+// use its 32 registers.
 #pragma once
 
 #include <immintrin.h>
