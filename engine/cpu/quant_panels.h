@@ -96,8 +96,8 @@ inline void Codes(const uint8_t* group, int kk, __m256 q[4]) {
   for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtepi32_ps(n[i]);
 }
 
-// The scales of sub-block j of a group: a weight is dl * q + ml (Q8_0 has
-// no ml), rows 8i .. 8i + 7 in [i]. Each is an exact product of the file's
+// The scales of sub-block j of a group: a weight is dl * q + ml (Q8_0's ml
+// is 0, and unused), rows 8i .. 8i + 7 in [i]. Each is an exact product of the file's
 // fields: Q4_0's ml is -8 d, Q4_1's m, Q4_K's -dmin * min, Q6_K's -32 dl.
 template <QuantType kType>
 inline void Scales(const uint8_t* group, int j, __m256 dl[4], __m256 ml[4]) {
@@ -105,6 +105,7 @@ inline void Scales(const uint8_t* group, int j, __m256 dl[4], __m256 ml[4]) {
     const __m256 d = Halves(group + 16 * i);
     if constexpr (kType == QuantType::kQ8_0) {
       dl[i] = d;
+      ml[i] = _mm256_setzero_ps();
     } else if constexpr (kType == QuantType::kQ4_0) {
       dl[i] = d;
       ml[i] = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
@@ -141,7 +142,7 @@ inline const float* BlockSumsOf(const float* x, int64_t ldx, int m, int k, int s
   return sums.data();
 }
 
-// Runs of panels that one row of X reads in lockstep (QuantMatvecPanels): a
+// Runs of panels that one row of X reads in lockstep (FewRowsPanels): a
 // core keeps more reads in flight over several sequential streams than over
 // one, and more chains hide the FMAs' latency. Two rows of X read one.
 inline constexpr int kMatvecRuns = 2;
@@ -371,7 +372,7 @@ void ManyRowsPanels(const float* x, int64_t ldx, int m, const float* sums, const
           const int at = (g * kSubs + j) * kPanel;
           for (int i = 0; i < 4; ++i) {
             _mm256_store_ps(dl + at + 8 * i, d[i]);
-            if constexpr (HasOffset(kType)) _mm256_store_ps(ml + at + 8 * i, o[i]);
+            _mm256_store_ps(ml + at + 8 * i, o[i]);
           }
         }
       }
