@@ -309,7 +309,7 @@ void QuantBlockSums(const float* x, int64_t ldx, int m, int k, int sub, float* s
 
 void QuantMatmulReference(const float* x, int64_t ldx, int m, const PackedMatrix& w, float* y,
                           int64_t ldy) {
-  const int k = w.cols(), sub = w.type() == QuantType::kQ6_K ? 16 : 32, nsub = k / sub;
+  const int k = w.cols(), sub = QuantSubBlockSize(w.type()), nsub = k / sub;
   std::vector<float> q(k), dl(nsub), ml(nsub), sums(static_cast<size_t>(m) * nsub);
   QuantBlockSums(x, ldx, m, k, sub, sums.data());
   for (int j = 0; j < w.rows(); ++j) {

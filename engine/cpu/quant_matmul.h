@@ -81,7 +81,7 @@ class PackedMatrix {
   void DequantizeRow(int r, float* out) const;
   // Row r's integers (cols floats) and its sub-blocks' scales (cols / sub
   // each; ml zero for Q8_0), such that weight k is dl[k / sub] * q[k] +
-  // ml[k / sub] (sub: 16 for Q6_K, else 32).
+  // ml[k / sub] (sub: QuantSubBlockSize(type())).
   void RowCodes(int r, float* q, float* dl, float* ml) const;
 
  private:
@@ -96,6 +96,9 @@ class PackedMatrix {
 
 // Bytes of one group of `type` (above).
 int64_t QuantGroupBytes(QuantType type);
+
+// Values of k in a sub-block of `type` (above): 16 for Q6_K, else 32.
+constexpr int QuantSubBlockSize(QuantType type) { return type == QuantType::kQ6_K ? 16 : 32; }
 
 // The sub-block sums of the m rows of X: sums[i * (k / sub) + b] = x[i, b *
 // sub] + ... + x[i, b * sub + sub - 1], added in that order from 0.

@@ -71,9 +71,7 @@ inline void Q6Column(const uint8_t* low, const uint8_t* high, __m256i out[4]) {
   out[3] = _mm256_or_si256(n[3], _mm256_and_si256(_mm256_srli_epi32(h, 2), two));  // 24-31
 }
 
-// A block type's sub-blocks: the runs of k in a row that share one scale
-// (and offset), 32 values (16 for Q6_K).
-constexpr int SubBlock(QuantType type) { return type == QuantType::kQ6_K ? 16 : 32; }
+// Values of k in a group (QuantBlockSize, as a constant).
 constexpr int GroupSize(QuantType type) {
   return type == QuantType::kQ4_K || type == QuantType::kQ6_K ? 256 : 32;
 }
@@ -156,7 +154,7 @@ template <QuantType kType, int kRuns, int kNx, typename Prefetcher>
 void RunsOf(const float* x, int64_t ldx, const float* sums, const PackedMatrix& w, const int* ps,
             float* y, int64_t ldy, const Prefetcher& prefetch) {
   static_assert(kRuns * kNx <= 2, "eight chains");
-  constexpr int kSub = SubBlock(kType), kGroup = GroupSize(kType), kSubs = kGroup / kSub;
+  constexpr int kSub = QuantSubBlockSize(kType), kGroup = GroupSize(kType), kSubs = kGroup / kSub;
   const int groups = w.cols() / kGroup, nsub = w.cols() / kSub;
   const uint8_t* group[kRuns];
   for (int s = 0; s < kRuns; ++s) group[s] = w.panel(ps[s]);
@@ -250,32 +248,20 @@ void FewRowsPanels(const float* x, int64_t ldx, int m, const float* sums, const 
   }
 }
 
-// This thread's buffer of a panel's scales and offsets, kKBlock values of
-// k of them (2 x kKBlock / 16 x kPanel floats), 64-byte aligned: on the
-// heap, as PanelBuffer's, so that a thread's own storage stays small (a
-// library thread with a small stack cannot start where the static
-// thread-local storage outgrows it).
-inline float* ScaleBuffer() {
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
-  thread_local const std::unique_ptr<float, Free> buffer(
-      static_cast<float*>(std::aligned_alloc(64, sizeof(float) * 2 * kKBlock / 16 * kPanel)));
-  return buffer.get();
-}
-
-// This thread's buffer of m x kPanel outputs, 64-byte aligned (a vector of
-// outputs split across two cache lines costs the tile a fifth of its time).
-inline float* OutputBuffer(int m) {
+// This thread's scratch buffer number kSlot, of at least `floats` floats,
+// 64-byte aligned: on the heap, as PanelBuffer's, so that a thread's own
+// storage stays small (a library thread with a small stack cannot start
+// where the static thread-local storage outgrows it).
+template <int kSlot>
+inline float* ScratchBuffer(int64_t floats) {
   struct Free {
     void operator()(float* p) const { std::free(p); }
   };
   thread_local std::unique_ptr<float, Free> buffer;
   thread_local int64_t size = 0;
-  const int64_t want = int64_t{m} * kPanel;
-  if (want > size) {
-    buffer.reset(static_cast<float*>(std::aligned_alloc(64, sizeof(float) * want)));
-    size = want;
+  if (floats > size) {
+    buffer.reset(static_cast<float*>(std::aligned_alloc(64, sizeof(float) * floats)));
+    size = floats;
   }
   return buffer.get();
 }
@@ -292,9 +278,7 @@ inline constexpr int kTileRows = 6;
 template <QuantType kType, int kRx>
 void Tile(const float* x, int64_t ldx, const float* sums, int nsub, const float* codes,
           const float* dl, const float* ml, int kb, float* out) {
-  // sums: the tile's rows' sums of the buffer's sub-blocks, sub-block j's
-  // kRx values at sums + j * nsub (nsub: the stride between sub-blocks).
-  constexpr int kSub = SubBlock(kType);
+  constexpr int kSub = QuantSubBlockSize(kType);
   for (int r0 = 0; r0 < kPanel; r0 += 16) {
     for (int j = 0; j < kb / kSub; ++j) {
       __m256 t[kRx][2];
@@ -311,7 +295,7 @@ void Tile(const float* x, int64_t ldx, const float* sums, int nsub, const float*
       const float* dj = dl + j * kPanel + r0;
       const float* mj = ml + j * kPanel + r0;
       for (int a = 0; a < kRx; ++a) {
-        const __m256 sv = _mm256_broadcast_ss(sums + j * nsub + a);
+        const __m256 sv = _mm256_broadcast_ss(sums + a * nsub + j);
         for (int h = 0; h < 2; ++h) {
           float* o = out + a * kPanel + r0 + 8 * h;
           _mm256_store_ps(o, Settle<kType>(_mm256_load_ps(o), t[a][h], _mm256_load_ps(dj + 8 * h),
@@ -340,20 +324,15 @@ inline void TileOfRows(int r, const float* x, int64_t ldx, const float* sums, in
 template <QuantType kType>
 void ManyRowsPanels(const float* x, int64_t ldx, int m, const float* sums, const PackedMatrix& w,
                     int p0, int p1, float* y, int64_t ldy) {
-  constexpr int kSub = SubBlock(kType), kGroup = GroupSize(kType), kSubs = kGroup / kSub;
+  constexpr int kSub = QuantSubBlockSize(kType), kGroup = GroupSize(kType), kSubs = kGroup / kSub;
   static_assert(kKBlock % kGroup == 0);
   float* codes = PanelBuffer();
-  float* dl = ScaleBuffer();
+  // The scales and offsets of kKBlock values of k, and the outputs (aligned:
+  // a vector of them split across two cache lines costs the tile more).
+  float* dl = ScratchBuffer<0>(2 * kKBlock / 16 * kPanel);
   float* ml = dl + kKBlock / 16 * kPanel;
-  float* out = OutputBuffer(m);
+  float* out = ScratchBuffer<1>(int64_t{m} * kPanel);
   const int k = w.cols(), nsub = k / kSub;
-  // The sums by sub-block, each sub-block's m rows together.
-  thread_local std::vector<float> by_sub_buffer;
-  by_sub_buffer.resize(static_cast<size_t>(m) * nsub);
-  float* by_sub = by_sub_buffer.data();
-  for (int i = 0; i < m; ++i) {
-    for (int b = 0; b < nsub; ++b) by_sub[int64_t{b} * m + i] = sums[int64_t{i} * nsub + b];
-  }
   for (int p = p0; p < p1; ++p) {
     std::fill_n(out, m * kPanel, 0.0f);
     for (int k0 = 0; k0 < k; k0 += kKBlock) {
@@ -378,7 +357,7 @@ void ManyRowsPanels(const float* x, int64_t ldx, int m, const float* sums, const
       }
       for (int i = 0; i < m; i += kTileRows) {
         TileOfRows<kType>(std::min(kTileRows, m - i), x + i * ldx + k0, ldx,
-                          by_sub + int64_t{k0 / kSub} * m + i, m, codes, dl, ml, kb,
+                          sums + int64_t{i} * nsub + k0 / kSub, nsub, codes, dl, ml, kb,
                           out + i * kPanel);
       }
     }
@@ -391,7 +370,7 @@ void ManyRowsPanels(const float* x, int64_t ldx, int m, const float* sums, const
 template <QuantType kType>
 void QuantPanelsOf(const float* x, int64_t ldx, int m, const PackedMatrix& w, int p0, int p1,
                    float* y, int64_t ldy) {
-  const float* sums = BlockSumsOf(x, ldx, m, w.cols(), SubBlock(kType));
+  const float* sums = BlockSumsOf(x, ldx, m, w.cols(), QuantSubBlockSize(kType));
   if (m <= 2) {
     FewRowsPanels<kType>(x, ldx, m, sums, w, p0, p1, y, ldy);
   } else {

@@ -158,7 +158,7 @@ TEST(QuantMatmulTest, RowCodesAreTheDequantizedWeights) {
   // dl * q + ml, rounded once, is the file's value (each block formula's
   // products are exact, so the one rounding is the formula's own).
   for (QuantType type : kTypes) {
-    const int rows = 40, cols = 2 * QuantBlockSize(type), sub = type == QuantType::kQ6_K ? 16 : 32;
+    const int rows = 40, cols = 2 * QuantBlockSize(type), sub = QuantSubBlockSize(type);
     const std::vector<uint8_t> data = RandomBlocks(type, rows, cols, 6);
     const std::vector<float> want = Dequantized(type, data, int64_t{rows} * cols);
     absl::StatusOr<PackedMatrix> packed =
@@ -185,7 +185,7 @@ TEST(QuantMatmulTest, StaysWithinRoundingOfTheFloatProductOnDequantizedWeights) 
   Rng rng(8);
   for (QuantType type : kTypes) {
     const int rows = 50, k = 4 * QuantBlockSize(type), m = 3;
-    const int sub = type == QuantType::kQ6_K ? 16 : 32, nsub = k / sub;
+    const int sub = QuantSubBlockSize(type), nsub = k / sub;
     const std::vector<uint8_t> data = RandomBlocks(type, rows, k, rng.NextU64());
     const std::vector<float> w = Dequantized(type, data, int64_t{rows} * k);
     absl::StatusOr<PackedMatrix> packed =
