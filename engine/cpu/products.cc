@@ -33,14 +33,14 @@ int Units(const MatmulProduct& p) {
 
 // Units [u0, u1) of the product, on this thread.
 void RunUnits(const MatmulProduct& p, const float* x, int64_t ldx, int m, int k, const Int8Rows& q,
-              int u0, int u1) {
+              const float* sums, int u0, int u1) {
   if (p.w.float_panels != nullptr) {
     FloatPanelsMatmulPanels(x, ldx, m, *p.w.float_panels, u0, u1, p.y, p.ldy);
   } else if (p.w.int8 != nullptr) {
     Int8MatmulGroups(q, *p.w.int8, u0, u1, p.y, p.ldy);
   } else if (p.w.panels != nullptr) {
     (BestMatmulIsa() == MatmulIsa::kAvx512 ? QuantMatmulPanelsAvx512 : QuantMatmulPanelsAvx2)(
-        x, ldx, m, *p.w.panels, u0, u1, p.y, p.ldy);
+        x, ldx, m, sums, *p.w.panels, u0, u1, p.y, p.ldy);
   } else {
     MatmulRows(x, ldx, m, p.w.f, p.n, k, std::min(p.n, u0 * kMatmulRowUnit),
                std::min(p.n, u1 * kMatmulRowUnit), p.y, p.ldy);
@@ -73,8 +73,19 @@ void MatmulTogether(ThreadPool& pool, std::span<const MatmulProduct> products, c
     int units, tasks, first;
   };
   std::array<Piece, kMaxTogether> pieces;  // no allocation in a decode step
+  // The quantized products' block sums of X, computed here once for each
+  // sub-block size, not by each task.
+  std::array<const float*, kMaxTogether> sums{};
   int total = 0;
   for (size_t i = 0; i < products.size(); ++i) {
+    if (const PackedMatrix* w = products[i].w.panels; w != nullptr) {
+      const int sub = QuantSubBlockSize(w->type());
+      for (size_t j = 0; j < i && sums[i] == nullptr; ++j) {
+        const PackedMatrix* v = products[j].w.panels;
+        if (v != nullptr && QuantSubBlockSize(v->type()) == sub) sums[i] = sums[j];
+      }
+      if (sums[i] == nullptr) sums[i] = QuantRowSums(x, ldx, m, *w);
+    }
     const int units = Units(products[i]);
     const int per_thread = products[i].w.int8 != nullptr ? Int8TasksPerThread(m) : 4;
     const int tasks = std::min(units, threads * per_thread);
@@ -86,7 +97,7 @@ void MatmulTogether(ThreadPool& pool, std::span<const MatmulProduct> products, c
     while (i + 1 < products.size() && task >= pieces[i + 1].first) ++i;
     const Piece& piece = pieces[i];
     const int t = task - piece.first;
-    RunUnits(products[i], x, ldx, m, k, int8_rows,
+    RunUnits(products[i], x, ldx, m, k, int8_rows, sums[i],
              static_cast<int>(int64_t{piece.units} * t / piece.tasks),
              static_cast<int>(int64_t{piece.units} * (t + 1) / piece.tasks));
   });

@@ -307,6 +307,15 @@ void QuantBlockSums(const float* x, int64_t ldx, int m, int k, int sub, float* s
   }
 }
 
+const float* QuantRowSums(const float* x, int64_t ldx, int m, const PackedMatrix& w) {
+  thread_local std::vector<float> buffers[2];  // sub-blocks of 16 and of 32
+  const int sub = QuantSubBlockSize(w.type()), k = w.cols();
+  std::vector<float>& sums = buffers[sub == 16 ? 0 : 1];
+  sums.resize(static_cast<size_t>(m) * (k / sub));
+  QuantBlockSums(x, ldx, m, k, sub, sums.data());
+  return sums.data();
+}
+
 void QuantMatmulReference(const float* x, int64_t ldx, int m, const PackedMatrix& w, float* y,
                           int64_t ldy) {
   const int k = w.cols(), sub = QuantSubBlockSize(w.type()), nsub = k / sub;
@@ -331,8 +340,9 @@ void QuantMatmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const Pac
                  float* y, int64_t ldy, MatmulIsa isa) {
   if (m <= 0 || w.rows() <= 0) return;
   const auto panels = isa == MatmulIsa::kAvx512 ? QuantMatmulPanelsAvx512 : QuantMatmulPanelsAvx2;
+  const float* sums = QuantRowSums(x, ldx, m, w);
   ForPanelRuns(pool, w.num_panels(), int64_t{m} * w.rows() * w.cols(),
-               [&](int p0, int p1) { panels(x, ldx, m, w, p0, p1, y, ldy); });
+               [&](int p0, int p1) { panels(x, ldx, m, sums, w, p0, p1, y, ldy); });
 }
 
 }  // namespace coalesce::engine::cpu

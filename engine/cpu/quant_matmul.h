@@ -104,6 +104,12 @@ constexpr int QuantSubBlockSize(QuantType type) { return type == QuantType::kQ6_
 // sub] + ... + x[i, b * sub + sub - 1], added in that order from 0.
 void QuantBlockSums(const float* x, int64_t ldx, int m, int k, int sub, float* sums);
 
+// QuantBlockSums of the m rows of X for w's sub-block size, in the calling
+// thread's buffer (one per sub-block size, kept until this thread asks again
+// for that size): what QuantMatmulPanels* read. A product computes them once,
+// on the thread that splits it, and its tasks share them.
+const float* QuantRowSums(const float* x, int64_t ldx, int m, const PackedMatrix& w);
+
 // y[i, j] = sum_k x[i, k] * w[j, k] for i < m, j < w.rows(), in the
 // arithmetic above.
 //   x: [m, w.cols()] (row stride ldx)   y: [m, w.rows()] (row stride ldy)
@@ -115,12 +121,12 @@ void QuantMatmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const Pac
 void QuantMatmulReference(const float* x, int64_t ldx, int m, const PackedMatrix& w, float* y,
                           int64_t ldy);
 
-// The panels [p0, p1) of w against all m rows of x, on this thread: the
-// kernels QuantMatmul runs, one per instruction set (the same code, so the
-// same bits).
-void QuantMatmulPanelsAvx2(const float* x, int64_t ldx, int m, const PackedMatrix& w, int p0,
-                           int p1, float* y, int64_t ldy);
-void QuantMatmulPanelsAvx512(const float* x, int64_t ldx, int m, const PackedMatrix& w, int p0,
-                             int p1, float* y, int64_t ldy);
+// The panels [p0, p1) of w against all m rows of x, on this thread, given
+// x's block sums for w (QuantRowSums): the kernels QuantMatmul runs, one per
+// instruction set (the same code, so the same bits).
+void QuantMatmulPanelsAvx2(const float* x, int64_t ldx, int m, const float* sums,
+                           const PackedMatrix& w, int p0, int p1, float* y, int64_t ldy);
+void QuantMatmulPanelsAvx512(const float* x, int64_t ldx, int m, const float* sums,
+                             const PackedMatrix& w, int p0, int p1, float* y, int64_t ldy);
 
 }  // namespace coalesce::engine::cpu

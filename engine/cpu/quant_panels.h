@@ -131,15 +131,6 @@ inline __m256 Settle(__m256 y, __m256 t, __m256 dl, __m256 ml, __m256 s) {
   return _mm256_fmadd_ps(dl, t, y);
 }
 
-// This thread's block sums of the m rows of X (quant_matmul.h's
-// QuantBlockSums): sums[i * (k / sub) + b].
-inline const float* BlockSumsOf(const float* x, int64_t ldx, int m, int k, int sub) {
-  thread_local std::vector<float> sums;
-  sums.resize(static_cast<size_t>(m) * (k / sub));
-  QuantBlockSums(x, ldx, m, k, sub, sums.data());
-  return sums.data();
-}
-
 // Runs of panels that one row of X reads in lockstep (FewRowsPanels): a
 // core keeps more reads in flight over several sequential streams than over
 // one, and more chains hide the FMAs' latency. Two rows of X read one.
@@ -283,6 +274,9 @@ void Tile(const float* x, int64_t ldx, const float* sums, int nsub, const float*
     for (int j = 0; j < kb / kSub; ++j) {
       __m256 t[kRx][2];
       for (auto& a : t) a[0] = a[1] = _mm256_setzero_ps();
+        // Unrolled by 8: 3% to 5% less time at 64 rows of X than the plain
+        // loop of 16 or 32 steps, and than unrolling it whole (performance.md).
+#pragma GCC unroll 8
       for (int kk = j * kSub; kk < (j + 1) * kSub; ++kk) {
         const __m256 w0 = _mm256_load_ps(codes + kk * kPanel + r0);
         const __m256 w1 = _mm256_load_ps(codes + kk * kPanel + r0 + 8);
@@ -368,9 +362,8 @@ void ManyRowsPanels(const float* x, int64_t ldx, int m, const float* sums, const
 
 // Panels [p0, p1) of w against all m rows of x (quant_matmul.h).
 template <QuantType kType>
-void QuantPanelsOf(const float* x, int64_t ldx, int m, const PackedMatrix& w, int p0, int p1,
-                   float* y, int64_t ldy) {
-  const float* sums = BlockSumsOf(x, ldx, m, w.cols(), QuantSubBlockSize(kType));
+void QuantPanelsOf(const float* x, int64_t ldx, int m, const float* sums, const PackedMatrix& w,
+                   int p0, int p1, float* y, int64_t ldy) {
   if (m <= 2) {
     FewRowsPanels<kType>(x, ldx, m, sums, w, p0, p1, y, ldy);
   } else {
@@ -378,19 +371,19 @@ void QuantPanelsOf(const float* x, int64_t ldx, int m, const PackedMatrix& w, in
   }
 }
 
-inline void QuantMatmulPanelsOf(const float* x, int64_t ldx, int m, const PackedMatrix& w, int p0,
-                                int p1, float* y, int64_t ldy) {
+inline void QuantMatmulPanelsOf(const float* x, int64_t ldx, int m, const float* sums,
+                                const PackedMatrix& w, int p0, int p1, float* y, int64_t ldy) {
   switch (w.type()) {
     case QuantType::kQ8_0:
-      return QuantPanelsOf<QuantType::kQ8_0>(x, ldx, m, w, p0, p1, y, ldy);
+      return QuantPanelsOf<QuantType::kQ8_0>(x, ldx, m, sums, w, p0, p1, y, ldy);
     case QuantType::kQ4_0:
-      return QuantPanelsOf<QuantType::kQ4_0>(x, ldx, m, w, p0, p1, y, ldy);
+      return QuantPanelsOf<QuantType::kQ4_0>(x, ldx, m, sums, w, p0, p1, y, ldy);
     case QuantType::kQ4_1:
-      return QuantPanelsOf<QuantType::kQ4_1>(x, ldx, m, w, p0, p1, y, ldy);
+      return QuantPanelsOf<QuantType::kQ4_1>(x, ldx, m, sums, w, p0, p1, y, ldy);
     case QuantType::kQ4_K:
-      return QuantPanelsOf<QuantType::kQ4_K>(x, ldx, m, w, p0, p1, y, ldy);
+      return QuantPanelsOf<QuantType::kQ4_K>(x, ldx, m, sums, w, p0, p1, y, ldy);
     case QuantType::kQ6_K:
-      return QuantPanelsOf<QuantType::kQ6_K>(x, ldx, m, w, p0, p1, y, ldy);
+      return QuantPanelsOf<QuantType::kQ6_K>(x, ldx, m, sums, w, p0, p1, y, ldy);
   }
 }
 

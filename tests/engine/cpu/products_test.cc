@@ -19,13 +19,16 @@
 namespace coalesce::engine::cpu {
 namespace {
 
-std::vector<uint8_t> RandomQ8(int rows, int cols, Rng& rng) {
-  std::vector<uint8_t> data(static_cast<size_t>(rows) * cols / 32 * 34);
+// Random blocks of `type` with a sane scale d (f16, where the type keeps it).
+std::vector<uint8_t> RandomBlocks(QuantType type, int rows, int cols, Rng& rng) {
+  const int bytes = QuantBlockBytes(type);
+  std::vector<uint8_t> data(static_cast<size_t>(rows) * cols / QuantBlockSize(type) * bytes);
   for (uint8_t& b : data) b = static_cast<uint8_t>(rng.NextU64());
-  for (size_t i = 0; i < data.size(); i += 34) {
+  const int at = type == QuantType::kQ6_K ? 208 : 0;
+  for (size_t i = 0; i < data.size(); i += bytes) {
     const uint16_t d = ToFp16((rng.NextFloat() + 0.5f) * 1e-2f).bits;
-    data[i] = static_cast<uint8_t>(d);
-    data[i + 1] = static_cast<uint8_t>(d >> 8);
+    data[i + at] = static_cast<uint8_t>(d);
+    data[i + at + 1] = static_cast<uint8_t>(d >> 8);
   }
   return data;
 }
@@ -33,14 +36,26 @@ std::vector<uint8_t> RandomQ8(int rows, int cols, Rng& rng) {
 TEST(MatmulTogetherTest, EachProductEqualsItsKernelAlone) {
   Rng rng(5);
   const int k = 512;
-  // float32, Q8_0 panels, Q8_0 int8 (or panels), float32 laid out as panels
-  const int rows[4] = {200, 96, 1000, 130};
+  // float32, Q8_0 panels, Q8_0 int8 (or panels), float32 laid out as panels,
+  // and Q4_0 and Q6_K panels: the loop computes X's block sums once for
+  // Q8_0 and Q4_0 (sub-blocks of 32) and once for Q6_K (of 16).
+  constexpr int kProducts = 6;
+  const int rows[kProducts] = {200, 96, 1000, 130, 70, 100};
   std::vector<float> f(static_cast<size_t>(rows[0]) * k), f2(static_cast<size_t>(rows[3]) * k);
   for (float& v : f) v = rng.NextFloat() - 0.5f;
   for (float& v : f2) v = rng.NextFloat() - 0.5f;
   auto float_panels = FloatPanels::Pack(f2.data(), rows[3], k);
   ASSERT_TRUE(float_panels.ok());
-  const std::vector<uint8_t> q1 = RandomQ8(rows[1], k, rng), q2 = RandomQ8(rows[2], k, rng);
+  const std::vector<uint8_t> q1 = RandomBlocks(QuantType::kQ8_0, rows[1], k, rng),
+                             q2 = RandomBlocks(QuantType::kQ8_0, rows[2], k, rng),
+                             q4 = RandomBlocks(QuantType::kQ4_0, rows[4], k, rng),
+                             q5 = RandomBlocks(QuantType::kQ6_K, rows[5], k, rng);
+  auto q4_panels =
+      PackedMatrix::Pack({.type = QuantType::kQ4_0, .rows = rows[4], .cols = k, .data = q4.data()});
+  auto q6_panels =
+      PackedMatrix::Pack({.type = QuantType::kQ6_K, .rows = rows[5], .cols = k, .data = q5.data()});
+  ASSERT_TRUE(q4_panels.ok());
+  ASSERT_TRUE(q6_panels.ok());
   auto panels =
       PackedMatrix::Pack({.type = QuantType::kQ8_0, .rows = rows[1], .cols = k, .data = q1.data()});
   ASSERT_TRUE(panels.ok());
@@ -54,20 +69,22 @@ TEST(MatmulTogetherTest, EachProductEqualsItsKernelAlone) {
     ASSERT_TRUE(packed.ok());
     third_int8 = *std::move(packed);
   }
-  const MatmulWeights weights[4] = {
+  const MatmulWeights weights[kProducts] = {
       {.f = f.data()},
       {.panels = &*panels},
       third_int8 ? MatmulWeights{.int8 = &*third_int8} : MatmulWeights{.panels = &*third_panels},
-      {.float_panels = &*float_panels}};
+      {.float_panels = &*float_panels},
+      {.panels = &*q4_panels},
+      {.panels = &*q6_panels}};
   for (const int threads : {1, 2, 3}) {
     ThreadPool pool(threads);
     for (const int m : {1, 5, 47}) {
       const std::string what = absl::StrCat("threads ", threads, " m ", m);
       std::vector<float> x(static_cast<size_t>(m) * (k + 3));
       for (float& v : x) v = rng.NextFloat() * 2.0f - 1.0f;
-      std::vector<std::vector<float>> alone(4), together(4);
+      std::vector<std::vector<float>> alone(kProducts), together(kProducts);
       std::vector<MatmulProduct> products;
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < kProducts; ++i) {
         alone[i].assign(static_cast<size_t>(m) * (rows[i] + 1), -1.0f);
         together[i] = alone[i];
         products.push_back({weights[i], rows[i], together[i].data(), rows[i] + 1});
@@ -83,9 +100,13 @@ TEST(MatmulTogetherTest, EachProductEqualsItsKernelAlone) {
       }
       // Laid out as panels, the model's rows' bits.
       Matmul(pool, x.data(), k + 3, m, f2.data(), rows[3], k, alone[3].data(), rows[3] + 1);
+      QuantMatmul(pool, x.data(), k + 3, m, *q4_panels, alone[4].data(), rows[4] + 1);
+      QuantMatmul(pool, x.data(), k + 3, m, *q6_panels, alone[5].data(), rows[5] + 1);
       Int8Rows scratch;
       MatmulTogether(pool, products, x.data(), k + 3, m, k, scratch);
-      for (int i = 0; i < 4; ++i) EXPECT_EQ(together[i], alone[i]) << what << " product " << i;
+      for (int i = 0; i < kProducts; ++i) {
+        EXPECT_EQ(together[i], alone[i]) << what << " product " << i;
+      }
     }
   }
 }
