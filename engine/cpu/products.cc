@@ -74,17 +74,15 @@ void MatmulTogether(ThreadPool& pool, std::span<const MatmulProduct> products, c
   };
   std::array<Piece, kMaxTogether> pieces;  // no allocation in a decode step
   // The quantized products' block sums of X, computed here once for each
-  // sub-block size, not by each task.
+  // sub-block size (16 or 32), not by each task.
   std::array<const float*, kMaxTogether> sums{};
+  const float* sums_by_size[2] = {nullptr, nullptr};
   int total = 0;
   for (size_t i = 0; i < products.size(); ++i) {
     if (const PackedMatrix* w = products[i].w.panels; w != nullptr) {
-      const int sub = QuantSubBlockSize(w->type());
-      for (size_t j = 0; j < i && sums[i] == nullptr; ++j) {
-        const PackedMatrix* v = products[j].w.panels;
-        if (v != nullptr && QuantSubBlockSize(v->type()) == sub) sums[i] = sums[j];
-      }
-      if (sums[i] == nullptr) sums[i] = QuantRowSums(x, ldx, m, *w);
+      const float*& s = sums_by_size[QuantSubBlockSize(w->type()) / 32];
+      if (s == nullptr) s = QuantRowSums(x, ldx, m, *w);
+      sums[i] = s;
     }
     const int units = Units(products[i]);
     const int per_thread = products[i].w.int8 != nullptr ? Int8TasksPerThread(m) : 4;

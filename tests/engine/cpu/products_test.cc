@@ -15,23 +15,10 @@
 #include "engine/cpu/kv_quant.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "tests/engine/cpu/random_blocks.h"
 
 namespace coalesce::engine::cpu {
 namespace {
-
-// Random blocks of `type` with a sane scale d (f16, where the type keeps it).
-std::vector<uint8_t> RandomBlocks(QuantType type, int rows, int cols, Rng& rng) {
-  const int bytes = QuantBlockBytes(type);
-  std::vector<uint8_t> data(static_cast<size_t>(rows) * cols / QuantBlockSize(type) * bytes);
-  for (uint8_t& b : data) b = static_cast<uint8_t>(rng.NextU64());
-  const int at = type == QuantType::kQ6_K ? 208 : 0;
-  for (size_t i = 0; i < data.size(); i += bytes) {
-    const uint16_t d = ToFp16((rng.NextFloat() + 0.5f) * 1e-2f).bits;
-    data[i + at] = static_cast<uint8_t>(d);
-    data[i + at + 1] = static_cast<uint8_t>(d >> 8);
-  }
-  return data;
-}
 
 TEST(MatmulTogetherTest, EachProductEqualsItsKernelAlone) {
   Rng rng(5);
@@ -46,10 +33,10 @@ TEST(MatmulTogetherTest, EachProductEqualsItsKernelAlone) {
   for (float& v : f2) v = rng.NextFloat() - 0.5f;
   auto float_panels = FloatPanels::Pack(f2.data(), rows[3], k);
   ASSERT_TRUE(float_panels.ok());
-  const std::vector<uint8_t> q1 = RandomBlocks(QuantType::kQ8_0, rows[1], k, rng),
-                             q2 = RandomBlocks(QuantType::kQ8_0, rows[2], k, rng),
-                             q4 = RandomBlocks(QuantType::kQ4_0, rows[4], k, rng),
-                             q5 = RandomBlocks(QuantType::kQ6_K, rows[5], k, rng);
+  const std::vector<uint8_t> q1 = RandomBlocks(QuantType::kQ8_0, rows[1], k, rng.NextU64()),
+                             q2 = RandomBlocks(QuantType::kQ8_0, rows[2], k, rng.NextU64()),
+                             q4 = RandomBlocks(QuantType::kQ4_0, rows[4], k, rng.NextU64()),
+                             q5 = RandomBlocks(QuantType::kQ6_K, rows[5], k, rng.NextU64());
   auto q4_panels =
       PackedMatrix::Pack({.type = QuantType::kQ4_0, .rows = rows[4], .cols = k, .data = q4.data()});
   auto q6_panels =

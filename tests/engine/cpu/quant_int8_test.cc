@@ -23,6 +23,7 @@
 #include "engine/model/gguf_quant.h"
 #include "engine/sampler.h"
 #include "gtest/gtest.h"
+#include "tests/engine/cpu/random_blocks.h"
 
 namespace coalesce::engine::cpu {
 namespace {
@@ -34,29 +35,6 @@ constexpr QuantType kTypes[] = {QuantType::kQ8_0, QuantType::kQ4_0, QuantType::k
 int ColsFor(QuantType type, int cols) {
   const int block = QuantBlockSize(type);
   return (cols + block - 1) / block * block;
-}
-
-std::vector<uint8_t> RandomBlocks(QuantType type, int64_t rows, int64_t cols, uint64_t seed) {
-  Rng rng(seed);
-  const int64_t blocks = rows * cols / QuantBlockSize(type);
-  const int bytes = QuantBlockBytes(type);
-  std::vector<uint8_t> data(static_cast<size_t>(blocks * bytes));
-  for (uint8_t& b : data) b = static_cast<uint8_t>(rng.NextU64());
-  auto half = [&](uint8_t* p, float v) {
-    const uint16_t h = ToFp16(v).bits;
-    p[0] = static_cast<uint8_t>(h);
-    p[1] = static_cast<uint8_t>(h >> 8);
-  };
-  // The f16 scales: d (Q6_K's at byte 208), and Q4_1's m or Q4_K's dmin;
-  // the rest (integers, 6-bit and int8 sub-block scales) stays random.
-  for (int64_t i = 0; i < blocks; ++i) {
-    uint8_t* b = data.data() + i * bytes;
-    half(type == QuantType::kQ6_K ? b + 208 : b, (rng.NextFloat() - 0.5f) * 0.05f);
-    if (type == QuantType::kQ4_1 || type == QuantType::kQ4_K) {
-      half(b + 2, (rng.NextFloat() - 0.5f) * 0.05f);
-    }
-  }
-  return data;
 }
 
 std::vector<float> RandomRows(int m, int64_t ld, uint64_t seed) {

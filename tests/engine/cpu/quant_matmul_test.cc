@@ -24,47 +24,13 @@
 #include "engine/model/gguf_quant.h"
 #include "engine/sampler.h"
 #include "gtest/gtest.h"
+#include "tests/engine/cpu/random_blocks.h"
 
 namespace coalesce::engine::cpu {
 namespace {
 
 constexpr QuantType kTypes[] = {QuantType::kQ8_0, QuantType::kQ4_0, QuantType::kQ4_1,
                                 QuantType::kQ4_K, QuantType::kQ6_K};
-
-void PutHalf(uint8_t* p, float value) {
-  const uint16_t bits = ToFp16(value).bits;
-  p[0] = static_cast<uint8_t>(bits);
-  p[1] = static_cast<uint8_t>(bits >> 8);
-}
-
-// A rows x cols matrix of random blocks: random bytes, with every f16 scale
-// set to a finite value (a scale of either sign; Q4_1's and Q4_K's mins too).
-std::vector<uint8_t> RandomBlocks(QuantType type, int64_t rows, int64_t cols, uint64_t seed) {
-  Rng rng(seed);
-  const int64_t blocks = rows * cols / QuantBlockSize(type);
-  const int bytes = QuantBlockBytes(type);
-  std::vector<uint8_t> data(static_cast<size_t>(blocks * bytes));
-  for (uint8_t& b : data) b = static_cast<uint8_t>(rng.NextU64());
-  auto scale = [&] { return (rng.NextFloat() - 0.5f) * 0.05f; };
-  for (int64_t i = 0; i < blocks; ++i) {
-    uint8_t* b = data.data() + i * bytes;
-    switch (type) {
-      case QuantType::kQ8_0:
-      case QuantType::kQ4_0:
-        PutHalf(b, scale());
-        break;
-      case QuantType::kQ4_1:
-      case QuantType::kQ4_K:
-        PutHalf(b, scale());
-        PutHalf(b + 2, scale());
-        break;
-      case QuantType::kQ6_K:
-        PutHalf(b + 208, scale());
-        break;
-    }
-  }
-  return data;
-}
 
 std::vector<float> Dequantized(QuantType type, const std::vector<uint8_t>& data, int64_t n) {
   std::vector<float> out(static_cast<size_t>(n));
