@@ -95,7 +95,7 @@ namespace {
 
 // Byte offsets of the fields of a group (quant_matmul.h).
 struct GroupLayout {
-  int d = 0, m = -1, sc = -1, mn = -1, q = 0, qh = -1;
+  int d = 0, m = -1, sc = -1, mn = -1, q = 0;
 };
 
 GroupLayout LayoutOf(QuantType type) {
@@ -109,7 +109,7 @@ GroupLayout LayoutOf(QuantType type) {
     case QuantType::kQ4_K:
       return {.d = 0, .m = 64, .sc = 128, .mn = 384, .q = 640};
     case QuantType::kQ6_K:
-      return {.d = 0, .sc = 64, .q = 576, .qh = 576 + 4096};
+      return {.d = 0, .sc = 64, .q = 576};
   }
   return {};
 }
@@ -133,16 +133,23 @@ void Place(QuantType type, const QuantBlock& b, int r, uint8_t* group) {
   if (type == QuantType::kQ6_K) {
     for (int j = 0; j < 16; ++j) group[g.sc + j * 32 + r] = b.sc[j];
   }
-  // Low 4 bits: byte c of a k holds rows c and c + 16.
-  const int shift = r < 16 ? 0 : 4;
-  for (int k = 0; k < n; ++k) {
-    group[g.q + k * 16 + r % 16] |= static_cast<uint8_t>((b.q[k] & 15) << shift);
-  }
+  // A column's rows side by side in 8 lanes (quant_matmul.h): lane c holds
+  // rows c, c + 8, c + 16, c + 24, 4 bits each (a 16-bit word) or 6 bits
+  // each for Q6_K (the word and byte 16 + c).
+  const int lane = r % 8, at = r / 8;
   if (type == QuantType::kQ6_K) {
-    // High 2 bits: byte c of a k holds rows c, c + 8, c + 16, c + 24.
     for (int k = 0; k < n; ++k) {
-      group[g.qh + k * 8 + r % 8] |= static_cast<uint8_t>((b.q[k] >> 4) << (2 * (r / 8)));
+      const uint32_t v = uint32_t{b.q[k]} << (6 * at);
+      uint8_t* column = group + g.q + k * 24;
+      column[2 * lane] |= static_cast<uint8_t>(v);
+      column[2 * lane + 1] |= static_cast<uint8_t>(v >> 8);
+      column[16 + lane] |= static_cast<uint8_t>(v >> 16);
     }
+    return;
+  }
+  for (int k = 0; k < n; ++k) {
+    group[g.q + k * 16 + 2 * lane + at / 2] |=
+        static_cast<uint8_t>((b.q[k] & 15) << (4 * (at % 2)));
   }
 }
 
@@ -209,9 +216,13 @@ namespace {
 // Q6_K's 6 bits (0..63), the others' nibble (0..15).
 int RowCode(QuantType type, const GroupLayout& g, const uint8_t* group, int lane, int k) {
   if (type == QuantType::kQ8_0) return static_cast<int8_t>(group[g.q + k * 32 + lane]);
-  const int nibble = (group[g.q + k * 16 + lane % 16] >> (lane < 16 ? 0 : 4)) & 15;
-  if (type != QuantType::kQ6_K) return nibble;
-  return nibble | ((group[g.qh + k * 8 + lane % 8] >> (2 * (lane / 8))) & 3) << 4;
+  const int c = lane % 8, at = lane / 8;
+  if (type == QuantType::kQ6_K) {
+    const uint8_t* column = group + g.q + k * 24;
+    const uint32_t v = column[2 * c] | column[2 * c + 1] << 8 | column[16 + c] << 16;
+    return static_cast<int>(v >> (6 * at)) & 63;
+  }
+  return (group[g.q + k * 16 + 2 * c + at / 2] >> (4 * (at % 2))) & 15;
 }
 
 }  // namespace

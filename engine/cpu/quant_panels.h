@@ -41,34 +41,46 @@ inline __m256 Signed8(const uint8_t* p) {
       _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
-// 16 bytes of nibbles (byte c: row c low, row c + 16 high) -> the 32 rows'
-// integers, 8 rows a vector: each 8 bytes widened to 32-bit lanes once (a
-// load and a widening in one instruction), then split there.
+// The integers of a column of 32 rows come out of their bytes in 32-bit
+// lanes, lane c holding rows c, c + 8, c + 16 and c + 24 side by side
+// (quant_matmul.h's layout), and each row's bits are masked where they lie:
+// no shift but for the last row. So rows 8-15 and 16-23 come out times a
+// power of two (kCodeScale), which their scales undo (Scales): exactly, as
+// long as the products stay in float32's normal range.
+template <QuantType kType>
+constexpr float kCodeScale[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+template <>
+constexpr float kCodeScale<QuantType::kQ4_0>[4] = {1.0f, 0x1p-4f, 0x1p-8f, 1.0f};
+template <>
+constexpr float kCodeScale<QuantType::kQ4_1>[4] = {1.0f, 0x1p-4f, 0x1p-8f, 1.0f};
+template <>
+constexpr float kCodeScale<QuantType::kQ4_K>[4] = {1.0f, 0x1p-4f, 0x1p-8f, 1.0f};
+template <>
+constexpr float kCodeScale<QuantType::kQ6_K>[4] = {1.0f, 0x1p-6f, 0x1p-12f, 1.0f};
+
+// 16 bytes of nibbles (16-bit word c: rows c, c + 8, c + 16, c + 24) -> the
+// 32 rows' integers, 8 rows a vector: the words widened to 32-bit lanes as
+// they load (one instruction), then each nibble masked in place.
 inline void Nibbles(const uint8_t* p, __m256i out[4]) {
-  const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
-  const __m256i mask = _mm256_set1_epi32(15);
-  out[0] = _mm256_and_si256(a, mask);  // rows 0-7
-  out[1] = _mm256_and_si256(b, mask);  // rows 8-15
-  out[2] = _mm256_srli_epi32(a, 4);    // rows 16-23
-  out[3] = _mm256_srli_epi32(b, 4);    // rows 24-31
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  out[0] = _mm256_and_si256(w, _mm256_set1_epi32(0x00f));  // rows 0-7
+  out[1] = _mm256_and_si256(w, _mm256_set1_epi32(0x0f0));  // rows 8-15, times 16
+  out[2] = _mm256_and_si256(w, _mm256_set1_epi32(0xf00));  // rows 16-23, times 256
+  out[3] = _mm256_srli_epi32(w, 12);                       // rows 24-31
 }
 
-// One column of a Q6_K group -> its 32 rows' 6-bit integers, 8 rows a
-// vector, from 16 bytes of low nibbles (byte c: rows c and c + 16) and 8 of
-// high bits (byte c: rows c, c + 8, c + 16, c + 24 at bits 0, 2, 4, 6). As
-// Nibbles: each 8 bytes widened to 32-bit lanes once, as they load, so that
-// lane c holds every byte with bits for rows c (+ 8, 16, 24), and each row's
-// two high bits are shifted to bits 4-5 of its lane there.
-inline void Q6Column(const uint8_t* low, const uint8_t* high, __m256i out[4]) {
-  __m256i n[4];
-  Nibbles(low, n);
-  const __m256i h = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(high)));
-  const __m256i two = _mm256_set1_epi32(0x30);
-  out[0] = _mm256_or_si256(n[0], _mm256_and_si256(_mm256_slli_epi32(h, 4), two));  // rows 0-7
-  out[1] = _mm256_or_si256(n[1], _mm256_and_si256(_mm256_slli_epi32(h, 2), two));  // 8-15
-  out[2] = _mm256_or_si256(n[2], _mm256_and_si256(h, two));                        // 16-23
-  out[3] = _mm256_or_si256(n[3], _mm256_and_si256(_mm256_srli_epi32(h, 2), two));  // 24-31
+// One column of a Q6_K group (24 bytes: 16-bit word c holds the low 16 bits
+// of lane c's 24, byte 16 + c the high 8; the lane holds rows c, c + 8,
+// c + 16, c + 24 at bits 0, 6, 12, 18) -> its 32 rows' 6-bit integers, 8
+// rows a vector, as Nibbles.
+inline void Q6Column(const uint8_t* p, __m256i out[4]) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i h = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 16)));
+  const __m256i lane = _mm256_or_si256(w, _mm256_slli_epi32(h, 16));
+  out[0] = _mm256_and_si256(lane, _mm256_set1_epi32(0x3f));     // rows 0-7
+  out[1] = _mm256_and_si256(lane, _mm256_set1_epi32(0xfc0));    // rows 8-15, times 64
+  out[2] = _mm256_and_si256(lane, _mm256_set1_epi32(0x3f000));  // rows 16-23, times 4096
+  out[3] = _mm256_srli_epi32(lane, 18);                         // rows 24-31
 }
 
 // Values of k in a group (QuantBlockSize, as a constant).
@@ -78,7 +90,7 @@ constexpr int GroupSize(QuantType type) {
 constexpr bool HasOffset(QuantType type) { return type != QuantType::kQ8_0; }
 
 // The integers of column kk of a group (its layout: quant_matmul.h) as
-// floats (exact): q[i] holds rows 8i .. 8i + 7.
+// floats (exact), times kCodeScale: q[i] holds rows 8i .. 8i + 7.
 template <QuantType kType>
 inline void Codes(const uint8_t* group, int kk, __m256 q[4]) {
   __m256i n[4];
@@ -86,7 +98,7 @@ inline void Codes(const uint8_t* group, int kk, __m256 q[4]) {
     for (int i = 0; i < 4; ++i) q[i] = Signed8(group + 64 + kk * 32 + 8 * i);
     return;
   } else if constexpr (kType == QuantType::kQ6_K) {
-    Q6Column(group + 576 + kk * 16, group + 576 + 4096 + kk * 8, n);
+    Q6Column(group + 576 + kk * 24, n);
   } else {
     constexpr int kAt = kType == QuantType::kQ4_0 ? 64 : kType == QuantType::kQ4_1 ? 128 : 640;
     Nibbles(group + kAt + kk * 16, n);
@@ -97,6 +109,7 @@ inline void Codes(const uint8_t* group, int kk, __m256 q[4]) {
 // The scales of sub-block j of a group: a weight is dl * q + ml (Q8_0's ml
 // is 0, and unused), rows 8i .. 8i + 7 in [i]. Each is an exact product of the file's
 // fields: Q4_0's ml is -8 d, Q4_1's m, Q4_K's -dmin * min, Q6_K's -32 dl.
+// dl comes divided by kCodeScale, as Codes' integers come multiplied.
 template <QuantType kType>
 inline void Scales(const uint8_t* group, int j, __m256 dl[4], __m256 ml[4]) {
   for (int i = 0; i < 4; ++i) {
@@ -119,6 +132,9 @@ inline void Scales(const uint8_t* group, int j, __m256 dl[4], __m256 ml[4]) {
       dl[i] = _mm256_mul_ps(d, Signed8(group + 64 + j * 32 + 8 * i));
       ml[i] = _mm256_mul_ps(dl[i], _mm256_set1_ps(-32.0f));
     }
+    if constexpr (kType != QuantType::kQ8_0) {
+      if (i == 1 || i == 2) dl[i] = _mm256_mul_ps(dl[i], _mm256_set1_ps(kCodeScale<kType>[i]));
+    }
   }
 }
 
@@ -136,14 +152,29 @@ inline __m256 Settle(__m256 y, __m256 t, __m256 dl, __m256 ml, __m256 s) {
 // one, and more chains hide the FMAs' latency. Two rows of X read one.
 inline constexpr int kMatvecRuns = 2;
 
+// Asks for `bytes` bytes of w from `ahead` bytes past `at` (the panels of a
+// run lie one after another, so past a panel's end come the next one's
+// groups). Forced inline: GCC 12 dropped every prefetch of this loop when
+// the kernels called it as a lambda.
+[[gnu::always_inline]] inline void PrefetchAhead(const PackedMatrix& w, const uint8_t* at,
+                                                 int64_t bytes) {
+  const int64_t ahead = std::max<int64_t>(4096, 2 * w.group_bytes());
+  const uint8_t* base = w.panel(0);
+  const int64_t from = (at - base) + ahead;
+  const int64_t to = std::min(from + bytes, w.bytes());
+  for (int64_t line = from; line < to; line += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(base + line), _MM_HINT_T0);
+  }
+}
+
 // kNx rows of X (1 or 2) against panels ps[0 .. kRuns), group by group in
 // lockstep: each sub-block's codes go from their bytes into one chain per
 // output (t), which then settles into the output (in `out`, in memory: 16
-// vector registers hold the chains and the codes). `prefetch(group)` asks
-// for the bytes ahead of a group.
-template <QuantType kType, int kRuns, int kNx, typename Prefetcher>
+// vector registers hold the chains and the codes). Each sub-block asks for
+// as many bytes, `ahead` past its group (PrefetchAhead).
+template <QuantType kType, int kRuns, int kNx>
 void RunsOf(const float* x, int64_t ldx, const float* sums, const PackedMatrix& w, const int* ps,
-            float* y, int64_t ldy, const Prefetcher& prefetch) {
+            float* y, int64_t ldy) {
   static_assert(kRuns * kNx <= 2, "eight chains");
   constexpr int kSub = QuantSubBlockSize(kType), kGroup = GroupSize(kType), kSubs = kGroup / kSub;
   const int groups = w.cols() / kGroup, nsub = w.cols() / kSub;
@@ -151,8 +182,9 @@ void RunsOf(const float* x, int64_t ldx, const float* sums, const PackedMatrix& 
   for (int s = 0; s < kRuns; ++s) group[s] = w.panel(ps[s]);
   alignas(32) float out[kRuns][kNx][kPanel] = {};
   for (int gi = 0; gi < groups; ++gi) {
-    for (int s = 0; s < kRuns; ++s) prefetch(group[s]);
     for (int j = 0; j < kSubs; ++j) {
+      const int64_t share = w.group_bytes() / kSubs;
+      for (int s = 0; s < kRuns; ++s) PrefetchAhead(w, group[s] + j * share, share);
       // The chains, t[(s * kNx + r) * 4 + i], as eight named variables:
       // kept in registers (an array of them was stored on every step).
       __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0, t4 = t0, t5 = t0, t6 = t0,
@@ -208,19 +240,8 @@ void RunsOf(const float* x, int64_t ldx, const float* sums, const PackedMatrix& 
 template <QuantType kType>
 void FewRowsPanels(const float* x, int64_t ldx, int m, const float* sums, const PackedMatrix& w,
                    int p0, int p1, float* y, int64_t ldy) {
-  // Each group asks for the bytes `ahead` of it (the panels of a run lie one
-  // after another, so past a panel's end come the next one's groups).
-  const int64_t ahead = std::max<int64_t>(4096, 2 * w.group_bytes());
-  const uint8_t* base = w.panel(0);
-  auto prefetch = [&](const uint8_t* group) {
-    const int64_t from = (group - base) + ahead;
-    const int64_t to = std::min(from + w.group_bytes(), w.bytes());
-    for (int64_t line = from; line < to; line += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(base + line), _MM_HINT_T0);
-    }
-  };
   if (m == 2) {
-    for (int p = p0; p < p1; ++p) RunsOf<kType, 1, 2>(x, ldx, sums, w, &p, y, ldy, prefetch);
+    for (int p = p0; p < p1; ++p) RunsOf<kType, 1, 2>(x, ldx, sums, w, &p, y, ldy);
     return;
   }
   const int n = p1 - p0, per = (n + kMatvecRuns - 1) / kMatvecRuns;
@@ -231,10 +252,9 @@ void FewRowsPanels(const float* x, int64_t ldx, int m, const float* sums, const 
       if (s * per + t < n) ps[count++] = p0 + s * per + t;
     }
     if (count == kMatvecRuns) {
-      RunsOf<kType, kMatvecRuns, 1>(x, ldx, sums, w, ps, y, ldy, prefetch);
+      RunsOf<kType, kMatvecRuns, 1>(x, ldx, sums, w, ps, y, ldy);
     } else {
-      for (int s = 0; s < count; ++s)
-        RunsOf<kType, 1, 1>(x, ldx, sums, w, ps + s, y, ldy, prefetch);
+      for (int s = 0; s < count; ++s) RunsOf<kType, 1, 1>(x, ldx, sums, w, ps + s, y, ldy);
     }
   }
 }

@@ -94,7 +94,10 @@ const Shape kShapes[] = {{1, 1, 1},   {1, 33, 2},  {2, 31, 1}, {5, 64, 3},  {7, 
                          {12, 32, 4}, {13, 40, 1}, {48, 7, 2}, {70, 96, 5}, {1, 100, 40},
                          {1, 300, 3}, {1, 520, 2}, {2, 70, 9}};
 
-void CheckProduct(MatmulIsa isa, int threads) {
+// x_scale multiplies the activations: the kernels' codes come times powers
+// of two (up to 2^18) that their scales undo, which keeps every bit while
+// the products stay in float32's normal range.
+void CheckProduct(MatmulIsa isa, int threads, float x_scale = 1.0f) {
   ThreadPool pool(threads);
   Rng rng(3);
   for (QuantType type : kTypes) {
@@ -108,14 +111,14 @@ void CheckProduct(MatmulIsa isa, int threads) {
       ASSERT_TRUE(packed.ok()) << packed.status();
       const int ldx = k + 3, ldy = s.rows + 5;
       std::vector<float> x(static_cast<size_t>(s.m) * ldx);
-      for (float& v : x) v = rng.NextFloat() * 2.0f - 1.0f;
+      for (float& v : x) v = (rng.NextFloat() * 2.0f - 1.0f) * x_scale;
       std::vector<float> want(static_cast<size_t>(s.m) * ldy, -1.0f), got = want;
       QuantMatmulReference(x.data(), ldx, s.m, *packed, want.data(), ldy);
       QuantMatmul(pool, x.data(), ldx, s.m, *packed, got.data(), ldy, isa);
-      ExpectSameBits(
-          want.data(), got.data(), static_cast<int64_t>(want.size()),
-          absl::StrCat(QuantTypeName(type), " m=", s.m, " rows=", s.rows, " k=", k,
-                       isa == MatmulIsa::kAvx512 ? " AVX-512" : " AVX2", " threads=", threads));
+      ExpectSameBits(want.data(), got.data(), static_cast<int64_t>(want.size()),
+                     absl::StrCat(QuantTypeName(type), " m=", s.m, " rows=", s.rows, " k=", k,
+                                  isa == MatmulIsa::kAvx512 ? " AVX-512" : " AVX2",
+                                  " threads=", threads, " x scale=", x_scale));
     }
   }
 }
@@ -188,6 +191,11 @@ TEST(QuantMatmulTest, StaysWithinRoundingOfTheFloatProductOnDequantizedWeights) 
 TEST(QuantMatmulTest, EqualsTheDefinitionWithAvx2) {
   CheckProduct(MatmulIsa::kAvx2, 1);
   CheckProduct(MatmulIsa::kAvx2, 2);
+}
+
+TEST(QuantMatmulTest, EqualsTheDefinitionForLargeAndSmallActivations) {
+  CheckProduct(BestMatmulIsa(), 2, 0x1p64f);
+  CheckProduct(BestMatmulIsa(), 2, 0x1p-64f);
 }
 
 TEST(QuantMatmulTest, EqualsTheDefinitionWithAvx512) {
