@@ -118,7 +118,9 @@ struct Prefetch {
   int64_t stride = 0;            // row stride
   int rows = 0;
 
-  void At(int kk) const {
+  // Forced inline: GCC 12 drops a call to a function whose only effect is a
+  // prefetch, so At must be part of the tile it serves.
+  [[gnu::always_inline]] void At(int kk) const {
     if (kk % 16 != 0) return;
     for (int r = 0; r < rows; ++r) {
       __builtin_prefetch(first + r * stride + kk, /*rw=*/0, /*locality=*/2);
