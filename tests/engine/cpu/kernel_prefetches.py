@@ -12,19 +12,19 @@ import re
 import subprocess
 import sys
 
-# Kernel families: (object file suffix, description, pattern a function name
-# must match; at least one such function must prefetch).
+# Kernel families: (description, pattern a function name must match); in
+# each object at least one such function must prefetch.
 QUANT_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]  # engine/model.h's order
 
 
-def families(isa_object):
+def families():
     out = []
     for n, name in enumerate(QUANT_TYPES):
         out.append((f"quantized one-row product, {name}",
                     re.compile(rf"(RunsOf|FewRowsPanels)<\(coalesce::engine::QuantType\){n}\b")))
+    # The tiles, inlined into the packing product or not (both products,
+    # packed as they run or laid out at load, run them).
     out.append(("float32 panel tiles", re.compile(r"MatmulPanelsWith<|Kernel::Tile<")))
-    if isa_object == "kernels.cc.o":
-        out.append(("float32 laid-out panels", re.compile(r"MatmulLaidOutAvx2")))
     return out
 
 
@@ -53,7 +53,7 @@ def main():
             failures.append(f"expected one {suffix} among the objects, found {len(paths)}")
             continue
         names = prefetching_functions(objdump, paths[0])
-        for what, pattern in families(suffix):
+        for what, pattern in families():
             checked += 1
             if not any(pattern.search(n) for n in names):
                 failures.append(f"{suffix}: no prefetch in the {what} ({pattern.pattern})")
