@@ -154,8 +154,9 @@ inline constexpr int kMatvecRuns = 2;
 
 // Asks for `bytes` bytes of w from `ahead` bytes past `at` (the panels of a
 // run lie one after another, so past a panel's end come the next one's
-// groups). Forced inline: GCC 12 dropped every prefetch of this loop when
-// the kernels called it as a lambda.
+// groups). Forced inline: GCC 12 drops a call whose only effect is a
+// prefetch (a lambda or an inline function it does not inline), and the
+// kernels then ask for nothing (test kernel_prefetches).
 [[gnu::always_inline]] inline void PrefetchAhead(const PackedMatrix& w, const uint8_t* at,
                                                  int64_t bytes) {
   const int64_t ahead = std::max<int64_t>(4096, 2 * w.group_bytes());
@@ -171,7 +172,7 @@ inline constexpr int kMatvecRuns = 2;
 // lockstep: each sub-block's codes go from their bytes into one chain per
 // output (t), which then settles into the output (in `out`, in memory: 16
 // vector registers hold the chains and the codes). Each sub-block asks for
-// as many bytes, `ahead` past its group (PrefetchAhead).
+// its share of its group's bytes, that far ahead (PrefetchAhead).
 template <QuantType kType, int kRuns, int kNx>
 void RunsOf(const float* x, int64_t ldx, const float* sums, const PackedMatrix& w, const int* ps,
             float* y, int64_t ldy) {
