@@ -45,18 +45,14 @@ inline __m256 Signed8(const uint8_t* p) {
 // lanes, lane c holding rows c, c + 8, c + 16 and c + 24 side by side
 // (quant_matmul.h's layout), and each row's bits are masked where they lie:
 // no shift but for the last row. So rows 8-15 and 16-23 come out times a
-// power of two (kCodeScale), which their scales undo (Scales): exactly, as
-// long as the products stay in float32's normal range.
-template <QuantType kType>
-constexpr float kCodeScale[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-template <>
-constexpr float kCodeScale<QuantType::kQ4_0>[4] = {1.0f, 0x1p-4f, 0x1p-8f, 1.0f};
-template <>
-constexpr float kCodeScale<QuantType::kQ4_1>[4] = {1.0f, 0x1p-4f, 0x1p-8f, 1.0f};
-template <>
-constexpr float kCodeScale<QuantType::kQ4_K>[4] = {1.0f, 0x1p-4f, 0x1p-8f, 1.0f};
-template <>
-constexpr float kCodeScale<QuantType::kQ6_K>[4] = {1.0f, 0x1p-6f, 0x1p-12f, 1.0f};
+// power of two (CodeScale), which their scales undo (Scales): exactly, as
+// long as the products stay in float32's normal range. CodeScale(type, i) is
+// that power for rows 8i .. 8i + 7: 2^(bits i) for rows 8-23, bits the width
+// of a row's integer in its lane (Q8_0's bytes are not in lanes), else 1.
+constexpr float CodeScale(QuantType type, int i) {
+  const int bits = type == QuantType::kQ8_0 ? 0 : type == QuantType::kQ6_K ? 6 : 4;
+  return i == 1 || i == 2 ? static_cast<float>(1 << (bits * i)) : 1.0f;
+}
 
 // 16 bytes of nibbles (16-bit word c: rows c, c + 8, c + 16, c + 24) -> the
 // 32 rows' integers, 8 rows a vector: the words widened to 32-bit lanes as
@@ -90,7 +86,7 @@ constexpr int GroupSize(QuantType type) {
 constexpr bool HasOffset(QuantType type) { return type != QuantType::kQ8_0; }
 
 // The integers of column kk of a group (its layout: quant_matmul.h) as
-// floats (exact), times kCodeScale: q[i] holds rows 8i .. 8i + 7.
+// floats (exact), times CodeScale: q[i] holds rows 8i .. 8i + 7.
 template <QuantType kType>
 inline void Codes(const uint8_t* group, int kk, __m256 q[4]) {
   __m256i n[4];
@@ -109,7 +105,7 @@ inline void Codes(const uint8_t* group, int kk, __m256 q[4]) {
 // The scales of sub-block j of a group: a weight is dl * q + ml (Q8_0's ml
 // is 0, and unused), rows 8i .. 8i + 7 in [i]. Each is an exact product of the file's
 // fields: Q4_0's ml is -8 d, Q4_1's m, Q4_K's -dmin * min, Q6_K's -32 dl.
-// dl comes divided by kCodeScale, as Codes' integers come multiplied.
+// dl comes divided by CodeScale, as Codes' integers come multiplied.
 template <QuantType kType>
 inline void Scales(const uint8_t* group, int j, __m256 dl[4], __m256 ml[4]) {
   for (int i = 0; i < 4; ++i) {
@@ -132,8 +128,8 @@ inline void Scales(const uint8_t* group, int j, __m256 dl[4], __m256 ml[4]) {
       dl[i] = _mm256_mul_ps(d, Signed8(group + 64 + j * 32 + 8 * i));
       ml[i] = _mm256_mul_ps(dl[i], _mm256_set1_ps(-32.0f));
     }
-    if constexpr (kType != QuantType::kQ8_0) {
-      if (i == 1 || i == 2) dl[i] = _mm256_mul_ps(dl[i], _mm256_set1_ps(kCodeScale<kType>[i]));
+    if (CodeScale(kType, i) != 1.0f) {
+      dl[i] = _mm256_mul_ps(dl[i], _mm256_set1_ps(1.0f / CodeScale(kType, i)));
     }
   }
 }
