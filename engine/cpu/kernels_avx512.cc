@@ -223,9 +223,9 @@ void MatmulPanelsAvx512(const float* x, int64_t ldx, int m, const float* w, int 
   MatmulPanelsWith<Avx512Kernel>(x, ldx, m, w, n, j0, j1, k, y, ldy);
 }
 
-void QuantMatmulPanelsAvx512(const float* x, int64_t ldx, int m, const float* sums,
+void QuantMatmulPanelsAvx512(const float* x, int64_t ldx, int m, const QuantRows& rows,
                              const PackedMatrix& w, int p0, int p1, float* y, int64_t ldy) {
-  QuantMatmulPanelsOf(x, ldx, m, sums, w, p0, p1, y, ldy);
+  QuantMatmulPanelsOf(x, ldx, m, rows, w, p0, p1, y, ldy);
 }
 
 }  // namespace coalesce::engine::cpu

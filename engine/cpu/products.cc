@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 
 namespace coalesce::engine::cpu {
 namespace {
@@ -33,14 +34,14 @@ int Units(const MatmulProduct& p) {
 
 // Units [u0, u1) of the product, on this thread.
 void RunUnits(const MatmulProduct& p, const float* x, int64_t ldx, int m, int k, const Int8Rows& q,
-              const float* sums, int u0, int u1) {
+              const QuantRows& rows, int u0, int u1) {
   if (p.w.float_panels != nullptr) {
     FloatPanelsMatmulPanels(x, ldx, m, *p.w.float_panels, u0, u1, p.y, p.ldy);
   } else if (p.w.int8 != nullptr) {
     Int8MatmulGroups(q, *p.w.int8, u0, u1, p.y, p.ldy);
   } else if (p.w.panels != nullptr) {
     (BestMatmulIsa() == MatmulIsa::kAvx512 ? QuantMatmulPanelsAvx512 : QuantMatmulPanelsAvx2)(
-        x, ldx, m, sums, *p.w.panels, u0, u1, p.y, p.ldy);
+        x, ldx, m, rows, *p.w.panels, u0, u1, p.y, p.ldy);
   } else {
     MatmulRows(x, ldx, m, p.w.f, p.n, k, std::min(p.n, u0 * kMatmulRowUnit),
                std::min(p.n, u1 * kMatmulRowUnit), p.y, p.ldy);
@@ -73,16 +74,18 @@ void MatmulTogether(ThreadPool& pool, std::span<const MatmulProduct> products, c
     int units, tasks, first;
   };
   std::array<Piece, kMaxTogether> pieces;  // no allocation in a decode step
-  // The quantized products' block sums of X, computed here once for each
-  // sub-block size (16 or 32), not by each task.
-  std::array<const float*, kMaxTogether> sums{};
-  const float* sums_by_size[2] = {nullptr, nullptr};
+  // The quantized products' inputs from X (block sums, scaled rows),
+  // computed here once for each sub-block size (16 or 32) and for Q8_0
+  // (which has no scaled rows), not by each task.
+  std::array<QuantRows, kMaxTogether> rows{};
+  std::optional<QuantRows> rows_by_kind[3];
   int total = 0;
   for (size_t i = 0; i < products.size(); ++i) {
     if (const PackedMatrix* w = products[i].w.panels; w != nullptr) {
-      const float*& s = sums_by_size[QuantSubBlockSize(w->type()) / 32];
-      if (s == nullptr) s = QuantRowSums(x, ldx, m, *w);
-      sums[i] = s;
+      const int kind = w->type() == QuantType::kQ8_0 ? 2 : QuantSubBlockSize(w->type()) / 32;
+      std::optional<QuantRows>& r = rows_by_kind[kind];
+      if (!r.has_value()) r = QuantRowInputs(x, ldx, m, *w);
+      rows[i] = *r;
     }
     const int units = Units(products[i]);
     const int per_thread = products[i].w.int8 != nullptr ? Int8TasksPerThread(m) : 4;
@@ -95,7 +98,7 @@ void MatmulTogether(ThreadPool& pool, std::span<const MatmulProduct> products, c
     while (i + 1 < products.size() && task >= pieces[i + 1].first) ++i;
     const Piece& piece = pieces[i];
     const int t = task - piece.first;
-    RunUnits(products[i], x, ldx, m, k, int8_rows, sums[i],
+    RunUnits(products[i], x, ldx, m, k, int8_rows, rows[i],
              static_cast<int>(int64_t{piece.units} * t / piece.tasks),
              static_cast<int>(int64_t{piece.units} * (t + 1) / piece.tasks));
   });

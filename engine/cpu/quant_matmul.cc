@@ -1,6 +1,8 @@
 #include "engine/cpu/quant_matmul.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -318,13 +320,113 @@ void QuantBlockSums(const float* x, int64_t ldx, int m, int k, int sub, float* s
   }
 }
 
-const float* QuantRowSums(const float* x, int64_t ldx, int m, const PackedMatrix& w) {
-  thread_local std::vector<float> buffers[2];  // sub-blocks of 16 and of 32
+namespace {
+
+// Rows of X times 2^s each for subnormal codes (quant_matmul.h), s = 126 -
+// e for a row whose largest |x| is below 2^e (at most 127), and 2^(149 - s):
+// false where a row's largest |x| is not finite or is 2^104 or more (s
+// below 22 would put 2^(149 - s) beyond float).
+bool ScaleForSubnormalCodes(const float* x, int64_t ldx, int m, int k, float* scaled,
+                            float* unscale) {
+  for (int i = 0; i < m; ++i) {
+    const float* row = x + i * ldx;
+    float largest = 0.0f;
+    for (int kk = 0; kk < k; ++kk) largest = std::max(largest, std::fabs(row[kk]));
+    if (!std::isfinite(largest)) return false;
+    int e = 0;
+    std::frexp(largest, &e);
+    const int s = std::min(127, 126 - e);
+    if (s < 22) return false;
+    const float scale = std::ldexp(1.0f, s);
+    for (int kk = 0; kk < k; ++kk) scaled[int64_t{i} * k + kk] = row[kk] * scale;
+    unscale[i] = std::ldexp(1.0f, 149 - s);
+  }
+  return true;
+}
+
+// A product of one row against a Q4_0 matrix of 64 rows and 4096 columns
+// (147 KB, in a core's cache), timed for `codes`: the fastest of `rounds`
+// runs of 8 products, in seconds.
+double TimeCodeFloats(CodeFloats codes, const PackedMatrix& w, const std::vector<float>& x,
+                      std::vector<float>& y) {
+  const auto panels =
+      BestMatmulIsa() == MatmulIsa::kAvx512 ? QuantMatmulPanelsAvx512 : QuantMatmulPanelsAvx2;
+  const QuantRows rows = QuantRowInputs(x.data(), w.cols(), 1, w, codes);
+  double best = 1e30;
+  for (int round = 0; round < 3; ++round) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int r = 0; r < 8; ++r) {
+      panels(x.data(), w.cols(), 1, rows, w, 0, w.num_panels(), y.data(), w.rows());
+    }
+    best = std::min(
+        best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return best;
+}
+
+CodeFloats MeasureCodeFloats() {
+  constexpr int kRows = 64, kCols = 4096;
+  const QuantType type = QuantType::kQ4_0;
+  std::vector<uint8_t> blocks(static_cast<size_t>(kRows) * kCols / 32 * QuantBlockBytes(type));
+  uint32_t state = 12345;
+  for (uint8_t& b : blocks) {
+    state = state * 1664525u + 1013904223u;
+    b = static_cast<uint8_t>(state >> 24);
+  }
+  for (size_t at = 0; at < blocks.size(); at += QuantBlockBytes(type)) {
+    Store16(blocks.data() + at, 0x2c00);  // d = 1/16
+  }
+  const auto w = PackedMatrix::Pack(
+      QuantizedMatrix{.type = type, .rows = kRows, .cols = kCols, .data = blocks.data()});
+  if (!w.ok()) return CodeFloats::kConverted;
+  std::vector<float> x(kCols), y(kRows);
+  for (int kk = 0; kk < kCols; ++kk) x[kk] = static_cast<float>(kk % 29) / 7.0f - 2.0f;
+  // Alternating, so that a disturbance of the machine falls on both.
+  double converted = 1e30, subnormal = 1e30;
+  for (int round = 0; round < 2; ++round) {
+    converted = std::min(converted, TimeCodeFloats(CodeFloats::kConverted, *w, x, y));
+    subnormal = std::min(subnormal, TimeCodeFloats(CodeFloats::kSubnormal, *w, x, y));
+  }
+  return subnormal < converted ? CodeFloats::kSubnormal : CodeFloats::kConverted;
+}
+
+// -1: measure; else a CodeFloats.
+std::atomic<int> code_floats_set{-1};
+
+}  // namespace
+
+CodeFloats QuantCodeFloats() {
+  if (const int set = code_floats_set.load(std::memory_order_relaxed); set >= 0) {
+    return static_cast<CodeFloats>(set);
+  }
+  static const CodeFloats measured = MeasureCodeFloats();
+  return measured;
+}
+
+void SetQuantCodeFloats(std::optional<CodeFloats> codes) {
+  code_floats_set.store(codes.has_value() ? static_cast<int>(*codes) : -1,
+                        std::memory_order_relaxed);
+}
+
+QuantRows QuantRowInputs(const float* x, int64_t ldx, int m, const PackedMatrix& w,
+                         CodeFloats codes) {
+  struct Buffers {
+    std::vector<float> sums, scaled;
+  };
+  thread_local Buffers buffers[2];  // sub-blocks of 16 and of 32
   const int sub = QuantSubBlockSize(w.type()), k = w.cols();
-  std::vector<float>& sums = buffers[sub == 16 ? 0 : 1];
-  sums.resize(static_cast<size_t>(m) * (k / sub));
-  QuantBlockSums(x, ldx, m, k, sub, sums.data());
-  return sums.data();
+  Buffers& b = buffers[sub == 16 ? 0 : 1];
+  b.sums.resize(static_cast<size_t>(m) * (k / sub));
+  QuantBlockSums(x, ldx, m, k, sub, b.sums.data());
+  QuantRows rows;
+  rows.sums = b.sums.data();
+  if (codes == CodeFloats::kSubnormal && m <= 2 && w.type() != QuantType::kQ8_0) {
+    b.scaled.resize(static_cast<size_t>(m) * k);
+    if (ScaleForSubnormalCodes(x, ldx, m, k, b.scaled.data(), rows.unscale)) {
+      rows.scaled = b.scaled.data();
+    }
+  }
+  return rows;
 }
 
 void QuantMatmulReference(const float* x, int64_t ldx, int m, const PackedMatrix& w, float* y,
@@ -348,12 +450,12 @@ void QuantMatmulReference(const float* x, int64_t ldx, int m, const PackedMatrix
 }
 
 void QuantMatmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const PackedMatrix& w,
-                 float* y, int64_t ldy, MatmulIsa isa) {
+                 float* y, int64_t ldy, MatmulIsa isa, CodeFloats codes) {
   if (m <= 0 || w.rows() <= 0) return;
   const auto panels = isa == MatmulIsa::kAvx512 ? QuantMatmulPanelsAvx512 : QuantMatmulPanelsAvx2;
-  const float* sums = QuantRowSums(x, ldx, m, w);
+  const QuantRows rows = QuantRowInputs(x, ldx, m, w, codes);
   ForPanelRuns(pool, w.num_panels(), int64_t{m} * w.rows() * w.cols(),
-               [&](int p0, int p1) { panels(x, ldx, m, sums, w, p0, p1, y, ldy); });
+               [&](int p0, int p1) { panels(x, ldx, m, rows, w, p0, p1, y, ldy); });
 }
 
 }  // namespace coalesce::engine::cpu

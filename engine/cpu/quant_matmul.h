@@ -19,8 +19,8 @@
 // difference, and gguf_model_parity the logits against transformers.
 //
 // The dequantized weight costs no instruction: a decode step's product is
-// one conversion of an integer to float and one fma per weight, bound by
-// the memory that holds the quantized bytes. No output depends on the other
+// one fma per weight and at most one conversion of an integer to float,
+// bound by the memory that holds the quantized bytes (CodeFloats). No output depends on the other
 // rows of X or W, the thread, the tile or the instruction set (the AVX-512
 // build runs the same 256-bit code), so a sequence decodes the same bits
 // alone or in any batch.
@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "absl/status/statusor.h"
 #include "engine/cpu/kernels.h"
@@ -106,17 +107,53 @@ constexpr int QuantSubBlockSize(QuantType type) { return type == QuantType::kQ6_
 // sub] + ... + x[i, b * sub + sub - 1], added in that order from 0.
 void QuantBlockSums(const float* x, int64_t ldx, int m, int k, int sub, float* sums);
 
-// QuantBlockSums of the m rows of X for w's sub-block size, in the calling
-// thread's buffer (one per sub-block size, kept until this thread asks again
-// for that size): what QuantMatmulPanels* read. A product computes them once,
-// on the thread that splits it, and its tasks share them.
-const float* QuantRowSums(const float* x, int64_t ldx, int m, const PackedMatrix& w);
+// How the one- and two-row kernels (a decode step's products) turn a
+// column's integers into floats, for every type but Q8_0:
+//   kConverted  an integer-to-float conversion per 8 weights.
+//   kSubnormal  none: the 32-bit lane that holds an integer q (masked in
+//               place, the bits above it zero) read as a float is q times
+//               2^-149, a subnormal. The row of X comes multiplied by 2^s,
+//               s from its largest magnitude (QuantRows), so that the fmas'
+//               sums are normal floats, 2^(s - 149) times the converted
+//               ones; each chain is multiplied back by 2^(149 - s) before
+//               its scale applies.
+// Both give the same bits as long as those sums stay normal: a partial sum
+// of a sub-block below about 2^-103 times the row's largest |x| would lose
+// bits (a row whose largest |x| is 2^104 or more, or not finite, converts).
+// Which is faster depends on the processor: some take a microcode assist
+// on a subnormal operand, others none, and then the conversions (one per
+// fma) are what bound the kernel. QuantCodeFloats measures both, once.
+enum class CodeFloats { kConverted, kSubnormal };
+
+// The faster of the two on this processor, timed once on a small product
+// the first time it is asked for (about a millisecond), unless set.
+CodeFloats QuantCodeFloats();
+// Sets what QuantCodeFloats returns (nullopt: measure), for benchmarks and
+// tests that compare the two.
+void SetQuantCodeFloats(std::optional<CodeFloats> codes);
+
+// What the kernels read of X besides X, computed once per product on the
+// thread that splits it, shared by its tasks.
+struct QuantRows {
+  // QuantBlockSums of the m rows for w's sub-block size.
+  const float* sums = nullptr;
+  // For kSubnormal, m <= 2 and a type other than Q8_0: the rows times 2^s
+  // ([m][w.cols()]) and 2^(149 - s), one s per row; else null.
+  const float* scaled = nullptr;
+  float unscale[2] = {1.0f, 1.0f};
+};
+
+// QuantRows of the m rows of X for w, in the calling thread's buffers (one
+// set per sub-block size, kept until this thread asks again for that size).
+QuantRows QuantRowInputs(const float* x, int64_t ldx, int m, const PackedMatrix& w,
+                         CodeFloats codes = QuantCodeFloats());
 
 // y[i, j] = sum_k x[i, k] * w[j, k] for i < m, j < w.rows(), in the
 // arithmetic above.
 //   x: [m, w.cols()] (row stride ldx)   y: [m, w.rows()] (row stride ldy)
 void QuantMatmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const PackedMatrix& w,
-                 float* y, int64_t ldy, MatmulIsa isa = BestMatmulIsa());
+                 float* y, int64_t ldy, MatmulIsa isa = BestMatmulIsa(),
+                 CodeFloats codes = QuantCodeFloats());
 
 // The definition above, one element at a time from the packed bytes (the
 // tests' reference).
@@ -124,11 +161,11 @@ void QuantMatmulReference(const float* x, int64_t ldx, int m, const PackedMatrix
                           int64_t ldy);
 
 // The panels [p0, p1) of w against all m rows of x, on this thread, given
-// x's block sums for w (QuantRowSums): the kernels QuantMatmul runs, one per
+// QuantRowInputs of x for w: the kernels QuantMatmul runs, one per
 // instruction set (the same code, so the same bits).
-void QuantMatmulPanelsAvx2(const float* x, int64_t ldx, int m, const float* sums,
+void QuantMatmulPanelsAvx2(const float* x, int64_t ldx, int m, const QuantRows& rows,
                            const PackedMatrix& w, int p0, int p1, float* y, int64_t ldy);
-void QuantMatmulPanelsAvx512(const float* x, int64_t ldx, int m, const float* sums,
+void QuantMatmulPanelsAvx512(const float* x, int64_t ldx, int m, const QuantRows& rows,
                              const PackedMatrix& w, int p0, int p1, float* y, int64_t ldy);
 
 }  // namespace coalesce::engine::cpu

@@ -50,8 +50,9 @@ inline __m256 Signed8(const uint8_t* p) {
 // that power for rows 8i .. 8i + 7: 2^(bits i) for rows 8-23, bits the width
 // of a row's integer in its lane (Q8_0's bytes are not in lanes), else 1.
 constexpr float CodeScale(QuantType type, int i) {
-  const int bits = type == QuantType::kQ8_0 ? 0 : type == QuantType::kQ6_K ? 6 : 4;
-  return i == 1 || i == 2 ? static_cast<float>(1 << (bits * i)) : 1.0f;
+  if (type == QuantType::kQ8_0) return 1.0f;
+  if (type == QuantType::kQ6_K) return static_cast<float>(i == 3 ? 4 : 1 << (6 * i));
+  return static_cast<float>(1 << (4 * i));
 }
 
 // 16 bytes of nibbles (16-bit word c: rows c, c + 8, c + 16, c + 24) -> the
@@ -59,10 +60,10 @@ constexpr float CodeScale(QuantType type, int i) {
 // they load (one instruction), then each nibble masked in place.
 inline void Nibbles(const uint8_t* p, __m256i out[4]) {
   const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  out[0] = _mm256_and_si256(w, _mm256_set1_epi32(0x00f));  // rows 0-7
-  out[1] = _mm256_and_si256(w, _mm256_set1_epi32(0x0f0));  // rows 8-15, times 16
-  out[2] = _mm256_and_si256(w, _mm256_set1_epi32(0xf00));  // rows 16-23, times 256
-  out[3] = _mm256_srli_epi32(w, 12);                       // rows 24-31
+  out[0] = _mm256_and_si256(w, _mm256_set1_epi32(0x000f));  // rows 0-7
+  out[1] = _mm256_and_si256(w, _mm256_set1_epi32(0x00f0));  // rows 8-15, times 16
+  out[2] = _mm256_and_si256(w, _mm256_set1_epi32(0x0f00));  // rows 16-23, times 256
+  out[3] = _mm256_and_si256(w, _mm256_set1_epi32(0xf000));  // rows 24-31, times 4096
 }
 
 // One column of a Q6_K group (24 bytes: 16-bit word c holds the low 16 bits
@@ -76,7 +77,7 @@ inline void Q6Column(const uint8_t* p, __m256i out[4]) {
   out[0] = _mm256_and_si256(lane, _mm256_set1_epi32(0x3f));     // rows 0-7
   out[1] = _mm256_and_si256(lane, _mm256_set1_epi32(0xfc0));    // rows 8-15, times 64
   out[2] = _mm256_and_si256(lane, _mm256_set1_epi32(0x3f000));  // rows 16-23, times 4096
-  out[3] = _mm256_srli_epi32(lane, 18);                         // rows 24-31
+  out[3] = _mm256_and_si256(h, _mm256_set1_epi32(0xfc));        // rows 24-31, times 4
 }
 
 // Values of k in a group (QuantBlockSize, as a constant).
@@ -86,9 +87,13 @@ constexpr int GroupSize(QuantType type) {
 constexpr bool HasOffset(QuantType type) { return type != QuantType::kQ8_0; }
 
 // The integers of column kk of a group (its layout: quant_matmul.h) as
-// floats (exact), times CodeScale: q[i] holds rows 8i .. 8i + 7.
-template <QuantType kType>
+// floats (exact), times CodeScale: q[i] holds rows 8i .. 8i + 7. With
+// kSubnormal (CodeFloats::kSubnormal; not Q8_0, whose bytes are signed)
+// there is no conversion: the masked lane, read as a float, is its integer
+// times 2^-149, a subnormal (quant_matmul.h).
+template <QuantType kType, bool kSubnormal = false>
 inline void Codes(const uint8_t* group, int kk, __m256 q[4]) {
+  static_assert(!kSubnormal || kType != QuantType::kQ8_0);
   __m256i n[4];
   if constexpr (kType == QuantType::kQ8_0) {
     for (int i = 0; i < 4; ++i) q[i] = Signed8(group + 64 + kk * 32 + 8 * i);
@@ -99,37 +104,58 @@ inline void Codes(const uint8_t* group, int kk, __m256 q[4]) {
     constexpr int kAt = kType == QuantType::kQ4_0 ? 64 : kType == QuantType::kQ4_1 ? 128 : 640;
     Nibbles(group + kAt + kk * 16, n);
   }
-  for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtepi32_ps(n[i]);
+  for (int i = 0; i < 4; ++i) {
+    q[i] = kSubnormal ? _mm256_castsi256_ps(n[i]) : _mm256_cvtepi32_ps(n[i]);
+  }
+}
+
+// What a group's sub-blocks share of their scales, as floats (Q4_K and
+// Q6_K, whose 8 or 16 sub-blocks each multiply them by their own integer
+// scale): d divided by CodeScale, and Q4_K's -dmin. Converted once a group
+// (LoadGroupScales), not once a sub-block.
+struct GroupScales {
+  alignas(32) float d[kPanel];
+  alignas(32) float dmin[kPanel];
+};
+
+template <QuantType kType>
+inline void LoadGroupScales(const uint8_t* group, GroupScales& g) {
+  for (int i = 0; i < 4; ++i) {
+    _mm256_store_ps(g.d + 8 * i, _mm256_mul_ps(Halves(group + 16 * i),
+                                               _mm256_set1_ps(1.0f / CodeScale(kType, i))));
+    if constexpr (kType == QuantType::kQ4_K) {
+      _mm256_store_ps(g.dmin + 8 * i,
+                      _mm256_xor_ps(Halves(group + 64 + 16 * i), _mm256_set1_ps(-0.0f)));
+    }
+  }
 }
 
 // The scales of sub-block j of a group: a weight is dl * q + ml (Q8_0's ml
-// is 0, and unused), rows 8i .. 8i + 7 in [i]. Each is an exact product of the file's
-// fields: Q4_0's ml is -8 d, Q4_1's m, Q4_K's -dmin * min, Q6_K's -32 dl.
-// dl comes divided by CodeScale, as Codes' integers come multiplied.
+// is 0, and unused), rows 8i .. 8i + 7 in [i]. Each is an exact product of
+// the file's fields: Q4_0's ml is -8 d, Q4_1's m, Q4_K's -dmin * min, Q6_K's
+// -32 dl. dl comes divided by CodeScale, as Codes' integers come
+// multiplied. The K types' shared fields come from g (LoadGroupScales).
 template <QuantType kType>
-inline void Scales(const uint8_t* group, int j, __m256 dl[4], __m256 ml[4]) {
+inline void Scales(const uint8_t* group, int j, const GroupScales& g, __m256 dl[4], __m256 ml[4]) {
   for (int i = 0; i < 4; ++i) {
-    const __m256 d = Halves(group + 16 * i);
+    const __m256 unscale = _mm256_set1_ps(1.0f / CodeScale(kType, i));
     if constexpr (kType == QuantType::kQ8_0) {
-      dl[i] = d;
+      dl[i] = Halves(group + 16 * i);
       ml[i] = _mm256_setzero_ps();
     } else if constexpr (kType == QuantType::kQ4_0) {
-      dl[i] = d;
+      const __m256 d = Halves(group + 16 * i);
+      dl[i] = _mm256_mul_ps(d, unscale);
       ml[i] = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
     } else if constexpr (kType == QuantType::kQ4_1) {
-      dl[i] = d;
+      dl[i] = _mm256_mul_ps(Halves(group + 16 * i), unscale);
       ml[i] = Halves(group + 64 + 16 * i);
     } else if constexpr (kType == QuantType::kQ4_K) {
-      dl[i] = _mm256_mul_ps(d, Unsigned8(group + 128 + j * 32 + 8 * i));
-      ml[i] = _mm256_mul_ps(
-          Halves(group + 64 + 16 * i),
-          _mm256_mul_ps(Unsigned8(group + 384 + j * 32 + 8 * i), _mm256_set1_ps(-1.0f)));
+      dl[i] = _mm256_mul_ps(_mm256_load_ps(g.d + 8 * i), Unsigned8(group + 128 + j * 32 + 8 * i));
+      ml[i] =
+          _mm256_mul_ps(_mm256_load_ps(g.dmin + 8 * i), Unsigned8(group + 384 + j * 32 + 8 * i));
     } else {
-      dl[i] = _mm256_mul_ps(d, Signed8(group + 64 + j * 32 + 8 * i));
-      ml[i] = _mm256_mul_ps(dl[i], _mm256_set1_ps(-32.0f));
-    }
-    if (CodeScale(kType, i) != 1.0f) {
-      dl[i] = _mm256_mul_ps(dl[i], _mm256_set1_ps(1.0f / CodeScale(kType, i)));
+      dl[i] = _mm256_mul_ps(_mm256_load_ps(g.d + 8 * i), Signed8(group + 64 + j * 32 + 8 * i));
+      ml[i] = _mm256_mul_ps(dl[i], _mm256_set1_ps(-32.0f * CodeScale(kType, i)));
     }
   }
 }
@@ -148,77 +174,92 @@ inline __m256 Settle(__m256 y, __m256 t, __m256 dl, __m256 ml, __m256 s) {
 // one, and more chains hide the FMAs' latency. Two rows of X read one.
 inline constexpr int kMatvecRuns = 2;
 
-// Asks for `bytes` bytes of w from `ahead` bytes past `at` (the panels of a
-// run lie one after another, so past a panel's end come the next one's
-// groups). Forced inline: GCC 12 drops a call whose only effect is a
-// prefetch (a lambda or an inline function it does not inline), and the
-// kernels then ask for nothing (test kernel_prefetches).
-[[gnu::always_inline]] inline void PrefetchAhead(const PackedMatrix& w, const uint8_t* at,
-                                                 int64_t bytes) {
-  const int64_t ahead = std::max<int64_t>(4096, 2 * w.group_bytes());
-  const uint8_t* base = w.panel(0);
-  const int64_t from = (at - base) + ahead;
-  const int64_t to = std::min(from + bytes, w.bytes());
-  for (int64_t line = from; line < to; line += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(base + line), _MM_HINT_T0);
-  }
+// How far ahead of the bytes it reads a one-row kernel asks for memory:
+// past a panel's end come the next one's groups (the panels of a run lie
+// one after another).
+inline int64_t PrefetchDistance(const PackedMatrix& w) {
+  return std::max<int64_t>(4096, 2 * w.group_bytes());
+}
+
+// Asks for the line at p. Forced inline: GCC 12 drops a call whose only
+// effect is a prefetch (a lambda or an inline function it does not
+// inline), and the kernels then ask for nothing (test kernel_prefetches).
+// A prefetch never faults: past the matrix's end it asks for nothing useful.
+[[gnu::always_inline]] inline void PrefetchLine(const uint8_t* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
 }
 
 // kNx rows of X (1 or 2) against panels ps[0 .. kRuns), group by group in
 // lockstep: each sub-block's codes go from their bytes into one chain per
 // output (t), which then settles into the output (in `out`, in memory: 16
-// vector registers hold the chains and the codes). Each sub-block asks for
-// its share of its group's bytes, that far ahead (PrefetchAhead).
-template <QuantType kType, int kRuns, int kNx>
-void RunsOf(const float* x, int64_t ldx, const float* sums, const PackedMatrix& w, const int* ps,
-            float* y, int64_t ldy) {
+// vector registers hold the chains and the codes). Every 4 columns each
+// run asks for one line, PrefetchDistance ahead, stepping through its
+// group's bytes as the columns step through the group: spread out, not a
+// burst of lines at each sub-block (which cost time even in cache). With
+// kSubnormal the codes are subnormal floats (Codes), x holds X's rows times
+// 2^s (QuantRows::scaled), and a chain is multiplied by its row's
+// unscale, 2^(149 - s), before it settles: the same bits as converted codes
+// against X (quant_matmul.h).
+template <QuantType kType, int kRuns, int kNx, bool kSubnormal>
+void RunsOf(const float* x, int64_t ldx, const float* sums, const float* unscale,
+            const PackedMatrix& w, const int* ps, float* y, int64_t ldy) {
   static_assert(kRuns * kNx <= 2, "eight chains");
   constexpr int kSub = QuantSubBlockSize(kType), kGroup = GroupSize(kType), kSubs = kGroup / kSub;
   const int groups = w.cols() / kGroup, nsub = w.cols() / kSub;
   const uint8_t* group[kRuns];
   for (int s = 0; s < kRuns; ++s) group[s] = w.panel(ps[s]);
   alignas(32) float out[kRuns][kNx][kPanel] = {};
+  // Bytes of a group per 4 columns (rounded down: a line a group may go
+  // unasked, and the processor's own prefetcher follows the stream anyway).
+  const int64_t distance = PrefetchDistance(w), step = w.group_bytes() / (kGroup / 2);
+  GroupScales shared[kRuns];
   for (int gi = 0; gi < groups; ++gi) {
+    if constexpr (kSubs > 1) {
+      for (int s = 0; s < kRuns; ++s) LoadGroupScales<kType>(group[s], shared[s]);
+    }
     for (int j = 0; j < kSubs; ++j) {
-      const int64_t share = w.group_bytes() / kSubs;
-      for (int s = 0; s < kRuns; ++s) PrefetchAhead(w, group[s] + j * share, share);
       // The chains, t[(s * kNx + r) * 4 + i], as eight named variables:
       // kept in registers (an array of them was stored on every step).
       __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0, t4 = t0, t5 = t0, t6 = t0,
              t7 = t0;
       const float* xj = x + gi * kGroup + j * kSub;
-      for (int kk = j * kSub; kk < (j + 1) * kSub; ++kk, ++xj) {
-        __m256 q[4];
-        Codes<kType>(group[0], kk, q);
-        const __m256 x0 = _mm256_broadcast_ss(xj);
-        t0 = _mm256_fmadd_ps(q[0], x0, t0);
-        t1 = _mm256_fmadd_ps(q[1], x0, t1);
-        t2 = _mm256_fmadd_ps(q[2], x0, t2);
-        t3 = _mm256_fmadd_ps(q[3], x0, t3);
-        if constexpr (kNx == 2) {
-          const __m256 x1 = _mm256_broadcast_ss(xj + ldx);
-          t4 = _mm256_fmadd_ps(q[0], x1, t4);
-          t5 = _mm256_fmadd_ps(q[1], x1, t5);
-          t6 = _mm256_fmadd_ps(q[2], x1, t6);
-          t7 = _mm256_fmadd_ps(q[3], x1, t7);
-        } else if constexpr (kRuns == 2) {
-          Codes<kType>(group[1], kk, q);
-          t4 = _mm256_fmadd_ps(q[0], x0, t4);
-          t5 = _mm256_fmadd_ps(q[1], x0, t5);
-          t6 = _mm256_fmadd_ps(q[2], x0, t6);
-          t7 = _mm256_fmadd_ps(q[3], x0, t7);
+      for (int pair = j * kSub / 2; pair < (j + 1) * kSub / 2; ++pair) {
+        for (int s = 0; s < kRuns; ++s) PrefetchLine(group[s] + distance + pair * step);
+#pragma GCC unroll 2
+        for (int kk = 2 * pair; kk < 2 * pair + 2; ++kk, ++xj) {
+          __m256 q[4];
+          Codes<kType, kSubnormal>(group[0], kk, q);
+          const __m256 x0 = _mm256_broadcast_ss(xj);
+          t0 = _mm256_fmadd_ps(q[0], x0, t0);
+          t1 = _mm256_fmadd_ps(q[1], x0, t1);
+          t2 = _mm256_fmadd_ps(q[2], x0, t2);
+          t3 = _mm256_fmadd_ps(q[3], x0, t3);
+          if constexpr (kNx == 2) {
+            const __m256 x1 = _mm256_broadcast_ss(xj + ldx);
+            t4 = _mm256_fmadd_ps(q[0], x1, t4);
+            t5 = _mm256_fmadd_ps(q[1], x1, t5);
+            t6 = _mm256_fmadd_ps(q[2], x1, t6);
+            t7 = _mm256_fmadd_ps(q[3], x1, t7);
+          } else if constexpr (kRuns == 2) {
+            Codes<kType, kSubnormal>(group[1], kk, q);
+            t4 = _mm256_fmadd_ps(q[0], x0, t4);
+            t5 = _mm256_fmadd_ps(q[1], x0, t5);
+            t6 = _mm256_fmadd_ps(q[2], x0, t6);
+            t7 = _mm256_fmadd_ps(q[3], x0, t7);
+          }
         }
       }
       const __m256 t[8] = {t0, t1, t2, t3, t4, t5, t6, t7};
       for (int s = 0; s < kRuns; ++s) {
         __m256 dl[4], ml[4];
-        Scales<kType>(group[s], j, dl, ml);
+        Scales<kType>(group[s], j, shared[s], dl, ml);
         for (int r = 0; r < kNx; ++r) {
           const __m256 sv = _mm256_broadcast_ss(sums + r * nsub + gi * kSubs + j);
           for (int i = 0; i < 4; ++i) {
             float* o = out[s][r] + 8 * i;
-            _mm256_store_ps(
-                o, Settle<kType>(_mm256_load_ps(o), t[(s * kNx + r) * 4 + i], dl[i], ml[i], sv));
+            __m256 ti = t[(s * kNx + r) * 4 + i];
+            if constexpr (kSubnormal) ti = _mm256_mul_ps(ti, _mm256_set1_ps(unscale[r]));
+            _mm256_store_ps(o, Settle<kType>(_mm256_load_ps(o), ti, dl[i], ml[i], sv));
           }
         }
       }
@@ -234,11 +275,13 @@ void RunsOf(const float* x, int64_t ldx, const float* sums, const PackedMatrix& 
 // One row of X (a decode step of one sequence, bound by reading the
 // blocks) or two against panels [p0, p1): one row reads kMatvecRuns runs of
 // consecutive panels, the t-th panel of each together; two rows read one.
-template <QuantType kType>
-void FewRowsPanels(const float* x, int64_t ldx, int m, const float* sums, const PackedMatrix& w,
-                   int p0, int p1, float* y, int64_t ldy) {
+template <QuantType kType, bool kSubnormal>
+void FewRowsPanelsWith(const float* x, int64_t ldx, int m, const float* sums, const float* unscale,
+                       const PackedMatrix& w, int p0, int p1, float* y, int64_t ldy) {
   if (m == 2) {
-    for (int p = p0; p < p1; ++p) RunsOf<kType, 1, 2>(x, ldx, sums, w, &p, y, ldy);
+    for (int p = p0; p < p1; ++p) {
+      RunsOf<kType, 1, 2, kSubnormal>(x, ldx, sums, unscale, w, &p, y, ldy);
+    }
     return;
   }
   const int n = p1 - p0, per = (n + kMatvecRuns - 1) / kMatvecRuns;
@@ -249,11 +292,31 @@ void FewRowsPanels(const float* x, int64_t ldx, int m, const float* sums, const 
       if (s * per + t < n) ps[count++] = p0 + s * per + t;
     }
     if (count == kMatvecRuns) {
-      RunsOf<kType, kMatvecRuns, 1>(x, ldx, sums, w, ps, y, ldy);
+      RunsOf<kType, kMatvecRuns, 1, kSubnormal>(x, ldx, sums, unscale, w, ps, y, ldy);
     } else {
-      for (int s = 0; s < count; ++s) RunsOf<kType, 1, 1>(x, ldx, sums, w, ps + s, y, ldy);
+      for (int s = 0; s < count; ++s) {
+        RunsOf<kType, 1, 1, kSubnormal>(x, ldx, sums, unscale, w, ps + s, y, ldy);
+      }
     }
   }
+}
+
+// MXCSR's denormals-are-zero bit: set (by a library, on this thread), it
+// would read the subnormal codes as zeros.
+inline bool SubnormalsAreZero() { return (_mm_getcsr() & 0x0040) != 0; }
+
+// The subnormal codes where the rows were scaled for them (QuantRows) and
+// this thread reads subnormals as they are; else the converted ones.
+template <QuantType kType>
+void FewRowsPanels(const float* x, int64_t ldx, int m, const QuantRows& rows, const PackedMatrix& w,
+                   int p0, int p1, float* y, int64_t ldy) {
+  if constexpr (kType != QuantType::kQ8_0) {
+    if (rows.scaled != nullptr && !SubnormalsAreZero()) {
+      return FewRowsPanelsWith<kType, true>(rows.scaled, w.cols(), m, rows.sums, rows.unscale, w,
+                                            p0, p1, y, ldy);
+    }
+  }
+  FewRowsPanelsWith<kType, false>(x, ldx, m, rows.sums, nullptr, w, p0, p1, y, ldy);
 }
 
 // This thread's scratch buffer number kSlot, of at least `floats` floats,
@@ -358,9 +421,11 @@ void ManyRowsPanels(const float* x, int64_t ldx, int m, const float* sums, const
           float* c = codes + (g * kGroup + kk) * kPanel;
           for (int i = 0; i < 4; ++i) _mm256_store_ps(c + 8 * i, q[i]);
         }
+        GroupScales shared;
+        if constexpr (kSubs > 1) LoadGroupScales<kType>(group, shared);
         for (int j = 0; j < kSubs; ++j) {
           __m256 d[4], o[4];
-          Scales<kType>(group, j, d, o);
+          Scales<kType>(group, j, shared, d, o);
           const int at = (g * kSubs + j) * kPanel;
           for (int i = 0; i < 4; ++i) {
             _mm256_store_ps(dl + at + 8 * i, d[i]);
@@ -381,28 +446,28 @@ void ManyRowsPanels(const float* x, int64_t ldx, int m, const float* sums, const
 
 // Panels [p0, p1) of w against all m rows of x (quant_matmul.h).
 template <QuantType kType>
-void QuantPanelsOf(const float* x, int64_t ldx, int m, const float* sums, const PackedMatrix& w,
+void QuantPanelsOf(const float* x, int64_t ldx, int m, const QuantRows& rows, const PackedMatrix& w,
                    int p0, int p1, float* y, int64_t ldy) {
   if (m <= 2) {
-    FewRowsPanels<kType>(x, ldx, m, sums, w, p0, p1, y, ldy);
+    FewRowsPanels<kType>(x, ldx, m, rows, w, p0, p1, y, ldy);
   } else {
-    ManyRowsPanels<kType>(x, ldx, m, sums, w, p0, p1, y, ldy);
+    ManyRowsPanels<kType>(x, ldx, m, rows.sums, w, p0, p1, y, ldy);
   }
 }
 
-inline void QuantMatmulPanelsOf(const float* x, int64_t ldx, int m, const float* sums,
+inline void QuantMatmulPanelsOf(const float* x, int64_t ldx, int m, const QuantRows& rows,
                                 const PackedMatrix& w, int p0, int p1, float* y, int64_t ldy) {
   switch (w.type()) {
     case QuantType::kQ8_0:
-      return QuantPanelsOf<QuantType::kQ8_0>(x, ldx, m, sums, w, p0, p1, y, ldy);
+      return QuantPanelsOf<QuantType::kQ8_0>(x, ldx, m, rows, w, p0, p1, y, ldy);
     case QuantType::kQ4_0:
-      return QuantPanelsOf<QuantType::kQ4_0>(x, ldx, m, sums, w, p0, p1, y, ldy);
+      return QuantPanelsOf<QuantType::kQ4_0>(x, ldx, m, rows, w, p0, p1, y, ldy);
     case QuantType::kQ4_1:
-      return QuantPanelsOf<QuantType::kQ4_1>(x, ldx, m, sums, w, p0, p1, y, ldy);
+      return QuantPanelsOf<QuantType::kQ4_1>(x, ldx, m, rows, w, p0, p1, y, ldy);
     case QuantType::kQ4_K:
-      return QuantPanelsOf<QuantType::kQ4_K>(x, ldx, m, sums, w, p0, p1, y, ldy);
+      return QuantPanelsOf<QuantType::kQ4_K>(x, ldx, m, rows, w, p0, p1, y, ldy);
     case QuantType::kQ6_K:
-      return QuantPanelsOf<QuantType::kQ6_K>(x, ldx, m, sums, w, p0, p1, y, ldy);
+      return QuantPanelsOf<QuantType::kQ6_K>(x, ldx, m, rows, w, p0, p1, y, ldy);
   }
 }
 

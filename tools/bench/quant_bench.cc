@@ -55,6 +55,9 @@ ABSL_FLAG(
     bool, int8, true,
     "Also time Q8_0, Q4_0, Q4_1, Q4_K and Q6_K with int8 activations (--int8_activations; rows "
     "TYPE/i8), with AVX512-VNNI where the processor has it, else AVX2.");
+ABSL_FLAG(std::string, code_floats, "measured",
+          "How the one- and two-row kernels make floats of 4- and 6-bit codes: measured (the "
+          "engine's choice, cpu/quant_matmul.h's QuantCodeFloats), converted or subnormal.");
 
 namespace coalesce {
 namespace {
@@ -205,6 +208,14 @@ int Run() {
   int threads = absl::GetFlag(FLAGS_threads);
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
+  if (const std::string codes = absl::GetFlag(FLAGS_code_floats); codes == "converted") {
+    engine::cpu::SetQuantCodeFloats(engine::cpu::CodeFloats::kConverted);
+  } else if (codes == "subnormal") {
+    engine::cpu::SetQuantCodeFloats(engine::cpu::CodeFloats::kSubnormal);
+  } else if (codes != "measured") {
+    std::fprintf(stderr, "bad --code_floats: measured, converted or subnormal\n");
+    return 1;
+  }
   engine::cpu::ThreadPool pool(threads);
   const std::vector<Shape> shapes = StepMatrices(config);
   int max_cols = 0, max_rows = 0;
@@ -220,14 +231,17 @@ int Run() {
   for (float& v : x) v = rng.NextFloat() - 0.5f;
 
   std::printf(
-      "model %s shape: %zu matrices of a decode step, %.1fM weights; %d threads\n",
+      "model %s shape: %zu matrices of a decode step, %.1fM weights; %d threads; codes as %s "
+      "floats\n",
       config.name.c_str(), shapes.size(),
       [&] {
         double n = 0;
         for (const Shape& s : shapes) n += double{1} * s.rows * s.cols;
         return n / 1e6;
       }(),
-      threads);
+      threads,
+      engine::cpu::QuantCodeFloats() == engine::cpu::CodeFloats::kSubnormal ? "subnormal"
+                                                                            : "converted");
   engine::MemoryReadProbe probe(threads);
   std::vector<std::pair<std::string, Result>> results;
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_types), ',')) {

@@ -9,10 +9,13 @@
 #include "engine/cpu/quant_matmul.h"
 
 #include <pthread.h>
+#include <xmmintrin.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -95,9 +98,9 @@ const Shape kShapes[] = {{1, 1, 1},   {1, 33, 2},  {2, 31, 1}, {5, 64, 3},  {7, 
                          {1, 300, 3}, {1, 520, 2}, {2, 70, 9}};
 
 // x_scale multiplies the activations: the kernels' codes come times powers
-// of two (up to 2^18) that their scales undo, which keeps every bit while
-// the products stay in float32's normal range.
-void CheckProduct(MatmulIsa isa, int threads, float x_scale = 1.0f) {
+// of two (up to 2^18, and 2^-149 as subnormals) that their scales undo,
+// which keeps every bit while the sums stay in float32's normal range.
+void CheckProduct(MatmulIsa isa, int threads, CodeFloats codes, float x_scale = 1.0f) {
   ThreadPool pool(threads);
   Rng rng(3);
   for (QuantType type : kTypes) {
@@ -111,14 +114,20 @@ void CheckProduct(MatmulIsa isa, int threads, float x_scale = 1.0f) {
       ASSERT_TRUE(packed.ok()) << packed.status();
       const int ldx = k + 3, ldy = s.rows + 5;
       std::vector<float> x(static_cast<size_t>(s.m) * ldx);
-      for (float& v : x) v = (rng.NextFloat() * 2.0f - 1.0f) * x_scale;
+      // Odd rows 2^20 times smaller: rows of X in different binades.
+      for (size_t i = 0; i < x.size(); ++i) {
+        const float row = (i / ldx) % 2 == 1 ? 0x1p-20f : 1.0f;
+        x[i] = (rng.NextFloat() * 2.0f - 1.0f) * x_scale * row;
+      }
       std::vector<float> want(static_cast<size_t>(s.m) * ldy, -1.0f), got = want;
       QuantMatmulReference(x.data(), ldx, s.m, *packed, want.data(), ldy);
-      QuantMatmul(pool, x.data(), ldx, s.m, *packed, got.data(), ldy, isa);
-      ExpectSameBits(want.data(), got.data(), static_cast<int64_t>(want.size()),
-                     absl::StrCat(QuantTypeName(type), " m=", s.m, " rows=", s.rows, " k=", k,
-                                  isa == MatmulIsa::kAvx512 ? " AVX-512" : " AVX2",
-                                  " threads=", threads, " x scale=", x_scale));
+      QuantMatmul(pool, x.data(), ldx, s.m, *packed, got.data(), ldy, isa, codes);
+      ExpectSameBits(
+          want.data(), got.data(), static_cast<int64_t>(want.size()),
+          absl::StrCat(QuantTypeName(type), " m=", s.m, " rows=", s.rows, " k=", k,
+                       isa == MatmulIsa::kAvx512 ? " AVX-512" : " AVX2", " threads=", threads,
+                       " x scale=", x_scale,
+                       codes == CodeFloats::kSubnormal ? " subnormal" : " converted", " codes"));
     }
   }
 }
@@ -188,20 +197,94 @@ TEST(QuantMatmulTest, StaysWithinRoundingOfTheFloatProductOnDequantizedWeights) 
   }
 }
 
+constexpr CodeFloats kCodeFloats[] = {CodeFloats::kConverted, CodeFloats::kSubnormal};
+
 TEST(QuantMatmulTest, EqualsTheDefinitionWithAvx2) {
-  CheckProduct(MatmulIsa::kAvx2, 1);
-  CheckProduct(MatmulIsa::kAvx2, 2);
+  for (CodeFloats codes : kCodeFloats) {
+    CheckProduct(MatmulIsa::kAvx2, 1, codes);
+    CheckProduct(MatmulIsa::kAvx2, 2, codes);
+  }
 }
 
 TEST(QuantMatmulTest, EqualsTheDefinitionForLargeAndSmallActivations) {
-  CheckProduct(BestMatmulIsa(), 2, 0x1p64f);
-  CheckProduct(BestMatmulIsa(), 2, 0x1p-64f);
+  // 2^100: the subnormal codes' rows scaled by 2^25; 2^105: beyond what
+  // they take, so those rows convert.
+  for (CodeFloats codes : kCodeFloats) {
+    for (float scale : {0x1p64f, 0x1p-64f, 0x1p100f, 0x1p105f}) {
+      CheckProduct(BestMatmulIsa(), 2, codes, scale);
+    }
+  }
 }
 
 TEST(QuantMatmulTest, EqualsTheDefinitionWithAvx512) {
   if (BestMatmulIsa() != MatmulIsa::kAvx512) GTEST_SKIP() << "this processor has no AVX-512";
-  CheckProduct(MatmulIsa::kAvx512, 1);
-  CheckProduct(MatmulIsa::kAvx512, 2);
+  for (CodeFloats codes : kCodeFloats) {
+    CheckProduct(MatmulIsa::kAvx512, 1, codes);
+    CheckProduct(MatmulIsa::kAvx512, 2, codes);
+  }
+}
+
+TEST(QuantMatmulTest, ScalesRowsForSubnormalCodesWhereTheyApply) {
+  const int rows = 32, k = 256;
+  for (QuantType type : kTypes) {
+    const std::vector<uint8_t> data = RandomBlocks(type, rows, k, 6);
+    absl::StatusOr<PackedMatrix> packed =
+        PackedMatrix::Pack({.type = type, .rows = rows, .cols = k, .data = data.data()});
+    ASSERT_TRUE(packed.ok());
+    std::vector<float> x(3 * k, 0.25f);
+    x[7] = -3.0f;  // largest |x| in [2, 4): s = 124
+    x[k + 9] = 0x1p-40f;
+    const bool q8 = type == QuantType::kQ8_0;
+    QuantRows one = QuantRowInputs(x.data(), k, 1, *packed, CodeFloats::kSubnormal);
+    ASSERT_EQ(one.scaled != nullptr, !q8) << QuantTypeName(type);
+    if (!q8) {
+      EXPECT_EQ(one.scaled[7], -3.0f * 0x1p124f);
+      EXPECT_EQ(one.scaled[0], 0.25f * 0x1p124f);
+      EXPECT_EQ(one.unscale[0], 0x1p25f);
+    }
+    EXPECT_EQ(QuantRowInputs(x.data(), k, 1, *packed, CodeFloats::kConverted).scaled, nullptr);
+    EXPECT_EQ(QuantRowInputs(x.data(), k, 3, *packed, CodeFloats::kSubnormal).scaled, nullptr)
+        << "three rows go through the tiles, which convert";
+    x[5] = std::numeric_limits<float>::infinity();
+    EXPECT_EQ(QuantRowInputs(x.data(), k, 1, *packed, CodeFloats::kSubnormal).scaled, nullptr);
+    x[5] = 0x1p104f;
+    EXPECT_EQ(QuantRowInputs(x.data(), k, 1, *packed, CodeFloats::kSubnormal).scaled, nullptr);
+  }
+}
+
+TEST(QuantMatmulTest, SubnormalCodesStayExactWhereSubnormalsReadAsZero) {
+  // A thread with MXCSR's denormals-are-zero set (by some library) would
+  // read every subnormal code as 0: the kernels convert there instead.
+  ThreadPool pool(1);  // runs on this thread
+  const int rows = 64, k = 512;
+  Rng rng(9);
+  for (QuantType type : {QuantType::kQ4_0, QuantType::kQ4_K, QuantType::kQ6_K}) {
+    const std::vector<uint8_t> data = RandomBlocks(type, rows, k, rng.NextU64());
+    absl::StatusOr<PackedMatrix> packed =
+        PackedMatrix::Pack({.type = type, .rows = rows, .cols = k, .data = data.data()});
+    ASSERT_TRUE(packed.ok());
+    std::vector<float> x(k);
+    for (float& v : x) v = rng.NextFloat() - 0.5f;
+    std::vector<float> want(rows), got(rows);
+    QuantMatmulReference(x.data(), k, 1, *packed, want.data(), rows);
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x0040);
+    QuantMatmul(pool, x.data(), k, 1, *packed, got.data(), rows, BestMatmulIsa(),
+                CodeFloats::kSubnormal);
+    _mm_setcsr(csr);
+    ExpectSameBits(want.data(), got.data(), rows,
+                   absl::StrCat(QuantTypeName(type), " with denormals-are-zero"));
+  }
+}
+
+TEST(QuantMatmulTest, CodeFloatsCanBeSetAndMeasured) {
+  SetQuantCodeFloats(CodeFloats::kConverted);
+  EXPECT_EQ(QuantCodeFloats(), CodeFloats::kConverted);
+  SetQuantCodeFloats(CodeFloats::kSubnormal);
+  EXPECT_EQ(QuantCodeFloats(), CodeFloats::kSubnormal);
+  SetQuantCodeFloats(std::nullopt);
+  const CodeFloats measured = QuantCodeFloats();
+  EXPECT_EQ(QuantCodeFloats(), measured) << "measured once, not each time";
 }
 
 TEST(QuantMatmulTest, ARowGivesTheSameBitsInAnyBatch) {
