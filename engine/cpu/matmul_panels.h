@@ -81,10 +81,23 @@ void MatmulFewRowsAvx2(const float* x, int64_t ldx, int m, const float* w, int n
 void MatmulLaidOutAvx2(const float* x, int64_t ldx, int m, const float* panels, int rows, int k,
                        float* y, int64_t ldy);
 
+// Tasks to split `units` equal units of work into for `threads` threads,
+// at most per_thread a thread: the most that split both the units and the
+// threads evenly, where there are such (12 units on 2 threads: 6 tasks of
+// 2, where 8 tasks of 1 or 2 units left one thread 7 units to the other's
+// 5), else as many as allowed.
+inline int EvenTasks(int units, int threads, int per_thread) {
+  const int most = std::min(units, threads * per_thread);
+  for (int tasks = most; tasks >= threads; --tasks) {
+    if (units % tasks == 0 && tasks % threads == 0) return tasks;
+  }
+  return most;
+}
+
 // Runs fn(p0, p1) over runs of whole panels covering [0, num_panels): on
 // this thread when the product's `work` (multiply-adds) is below ~64K, where
 // a thread handoff costs more than it saves, else as a few tasks per thread
-// for balance.
+// for balance (EvenTasks).
 template <typename Fn>
 void ForPanelRuns(ThreadPool& pool, int num_panels, int64_t work, Fn fn) {
   const int threads = pool.size();
@@ -92,7 +105,7 @@ void ForPanelRuns(ThreadPool& pool, int num_panels, int64_t work, Fn fn) {
     fn(0, num_panels);
     return;
   }
-  const int tasks = std::min(num_panels, threads * 4);
+  const int tasks = EvenTasks(num_panels, threads, 4);
   pool.ParallelFor(tasks, [&](int task, int) {
     fn(static_cast<int>(int64_t{num_panels} * task / tasks),
        static_cast<int>(int64_t{num_panels} * (task + 1) / tasks));

@@ -4,6 +4,8 @@
 #include <array>
 #include <optional>
 
+#include "engine/cpu/matmul_panels.h"
+
 namespace coalesce::engine::cpu {
 namespace {
 
@@ -24,10 +26,14 @@ void Alone(ThreadPool& pool, const MatmulProduct& p, const float* x, int64_t ldx
 }
 
 // Units of rows a loop may split the product into: W's panels of 32 rows
-// (float32, laid out or not, and quantized) or int8 groups of 16.
-int Units(const MatmulProduct& p) {
+// (float32, laid out or not, and quantized; QuantPanelsPerUnit of them
+// for m rows of X) or int8 groups of 16.
+int Units(const MatmulProduct& p, int m) {
   if (p.w.float_panels != nullptr) return p.w.float_panels->num_panels();
-  if (p.w.panels != nullptr) return p.w.panels->num_panels();
+  if (p.w.panels != nullptr) {
+    const int per = QuantPanelsPerUnit(m);
+    return (p.w.panels->num_panels() + per - 1) / per;
+  }
   if (p.w.int8 != nullptr) return p.w.int8->num_groups();
   return (p.n + kMatmulRowUnit - 1) / kMatmulRowUnit;
 }
@@ -40,8 +46,9 @@ void RunUnits(const MatmulProduct& p, const float* x, int64_t ldx, int m, int k,
   } else if (p.w.int8 != nullptr) {
     Int8MatmulGroups(q, *p.w.int8, u0, u1, p.y, p.ldy);
   } else if (p.w.panels != nullptr) {
+    const int per = QuantPanelsPerUnit(m), n = p.w.panels->num_panels();
     (BestMatmulIsa() == MatmulIsa::kAvx512 ? QuantMatmulPanelsAvx512 : QuantMatmulPanelsAvx2)(
-        x, ldx, m, rows, *p.w.panels, u0, u1, p.y, p.ldy);
+        x, ldx, m, rows, *p.w.panels, std::min(n, u0 * per), std::min(n, u1 * per), p.y, p.ldy);
   } else {
     MatmulRows(x, ldx, m, p.w.f, p.n, k, std::min(p.n, u0 * kMatmulRowUnit),
                std::min(p.n, u1 * kMatmulRowUnit), p.y, p.ldy);
@@ -87,9 +94,9 @@ void MatmulTogether(ThreadPool& pool, std::span<const MatmulProduct> products, c
       if (!r.has_value()) r = QuantRowInputs(x, ldx, m, *w);
       rows[i] = *r;
     }
-    const int units = Units(products[i]);
+    const int units = Units(products[i], m);
     const int per_thread = products[i].w.int8 != nullptr ? Int8TasksPerThread(m) : 4;
-    const int tasks = std::min(units, threads * per_thread);
+    const int tasks = EvenTasks(units, threads, per_thread);
     pieces[i] = {units, tasks, total};
     total += tasks;
   }

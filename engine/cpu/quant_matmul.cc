@@ -1,5 +1,7 @@
 #include "engine/cpu/quant_matmul.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -326,19 +328,31 @@ namespace {
 // e for a row whose largest |x| is below 2^e (at most 127), and 2^(149 - s):
 // false where a row's largest |x| is not finite or is 2^104 or more (s
 // below 22 would put 2^(149 - s) beyond float).
+// k is whole blocks, a multiple of 32.
 bool ScaleForSubnormalCodes(const float* x, int64_t ldx, int m, int k, float* scaled,
                             float* unscale) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   for (int i = 0; i < m; ++i) {
     const float* row = x + i * ldx;
-    float largest = 0.0f;
-    for (int kk = 0; kk < k; ++kk) largest = std::max(largest, std::fabs(row[kk]));
+    // vmaxps passes its second operand on a NaN, so the running maximum
+    // goes first and a NaN is passed over (it stays a NaN, scaled).
+    __m256 top = _mm256_setzero_ps();
+    for (int kk = 0; kk < k; kk += 8) {
+      top = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(row + kk), magnitude), top);
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, top);
+    const float largest = *std::max_element(lanes, lanes + 8);
     if (!std::isfinite(largest)) return false;
     int e = 0;
     std::frexp(largest, &e);
     const int s = std::min(127, 126 - e);
     if (s < 22) return false;
-    const float scale = std::ldexp(1.0f, s);
-    for (int kk = 0; kk < k; ++kk) scaled[int64_t{i} * k + kk] = row[kk] * scale;
+    const __m256 scale = _mm256_set1_ps(std::ldexp(1.0f, s));
+    float* out = scaled + int64_t{i} * k;
+    for (int kk = 0; kk < k; kk += 8) {
+      _mm256_storeu_ps(out + kk, _mm256_mul_ps(_mm256_loadu_ps(row + kk), scale));
+    }
     unscale[i] = std::ldexp(1.0f, 149 - s);
   }
   return true;
@@ -454,8 +468,10 @@ void QuantMatmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const Pac
   if (m <= 0 || w.rows() <= 0) return;
   const auto panels = isa == MatmulIsa::kAvx512 ? QuantMatmulPanelsAvx512 : QuantMatmulPanelsAvx2;
   const QuantRows rows = QuantRowInputs(x, ldx, m, w, codes);
-  ForPanelRuns(pool, w.num_panels(), int64_t{m} * w.rows() * w.cols(),
-               [&](int p0, int p1) { panels(x, ldx, m, rows, w, p0, p1, y, ldy); });
+  const int per = QuantPanelsPerUnit(m), n = w.num_panels();
+  ForPanelRuns(pool, (n + per - 1) / per, int64_t{m} * w.rows() * w.cols(), [&](int u0, int u1) {
+    panels(x, ldx, m, rows, w, std::min(n, u0 * per), std::min(n, u1 * per), y, ldy);
+  });
 }
 
 }  // namespace coalesce::engine::cpu

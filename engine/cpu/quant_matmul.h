@@ -148,6 +148,12 @@ struct QuantRows {
 QuantRows QuantRowInputs(const float* x, int64_t ldx, int m, const PackedMatrix& w,
                          CodeFloats codes = QuantCodeFloats());
 
+// Panels a parallel loop hands a task at a time for m rows of X: two for
+// one row, whose kernel reads two panels in lockstep (a panel left alone
+// has half the chains to hide the fmas' latency, and ran a third slower),
+// else one.
+constexpr int QuantPanelsPerUnit(int m) { return m == 1 ? 2 : 1; }
+
 // y[i, j] = sum_k x[i, k] * w[j, k] for i < m, j < w.rows(), in the
 // arithmetic above.
 //   x: [m, w.cols()] (row stride ldx)   y: [m, w.rows()] (row stride ldy)

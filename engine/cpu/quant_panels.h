@@ -171,8 +171,9 @@ inline __m256 Settle(__m256 y, __m256 t, __m256 dl, __m256 ml, __m256 s) {
 
 // Runs of panels that one row of X reads in lockstep (FewRowsPanels): a
 // core keeps more reads in flight over several sequential streams than over
-// one, and more chains hide the FMAs' latency. Two rows of X read one.
-inline constexpr int kMatvecRuns = 2;
+// one, and more chains hide the FMAs' latency. Two rows of X read one. A
+// parallel loop hands out this many panels at a time (QuantPanelsPerUnit).
+inline constexpr int kMatvecRuns = QuantPanelsPerUnit(1);
 
 // How far ahead of the bytes it reads a one-row kernel asks for memory:
 // past a panel's end come the next one's groups (the panels of a run lie

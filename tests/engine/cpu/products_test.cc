@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/kv_quant.h"
+#include "engine/cpu/matmul_panels.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "tests/engine/cpu/random_blocks.h"
@@ -96,6 +97,19 @@ TEST(MatmulTogetherTest, EachProductEqualsItsKernelAlone) {
       }
     }
   }
+}
+
+TEST(MatmulTogetherTest, SplitsUnitsEvenlyOverTasksAndThreads) {
+  // 12 units on 2 threads: 6 tasks of 2 (8 tasks would mix tasks of 1 and
+  // 2 units and leave one thread 7 units to the other's 5).
+  EXPECT_EQ(EvenTasks(12, 2, 4), 6);
+  EXPECT_EQ(EvenTasks(24, 2, 4), 8);
+  EXPECT_EQ(EvenTasks(500, 2, 4), 4);
+  EXPECT_EQ(EvenTasks(12, 3, 4), 12);
+  // No even split: as many tasks as allowed.
+  EXPECT_EQ(EvenTasks(7, 2, 4), 7);
+  EXPECT_EQ(EvenTasks(3, 2, 4), 3);
+  EXPECT_EQ(EvenTasks(1, 2, 4), 1);
 }
 
 }  // namespace
