@@ -96,16 +96,17 @@ inline int EvenTasks(int units, int threads, int per_thread) {
 
 // Runs fn(p0, p1) over runs of whole panels covering [0, num_panels): on
 // this thread when the product's `work` (multiply-adds) is below ~64K, where
-// a thread handoff costs more than it saves, else as a few tasks per thread
-// for balance (EvenTasks).
+// a thread handoff costs more than it saves, else as up to per_thread tasks
+// per thread (EvenTasks): a few for balance, or one where each task's
+// start costs more (its first reads wait on memory).
 template <typename Fn>
-void ForPanelRuns(ThreadPool& pool, int num_panels, int64_t work, Fn fn) {
+void ForPanelRuns(ThreadPool& pool, int num_panels, int64_t work, Fn fn, int per_thread = 4) {
   const int threads = pool.size();
   if (threads == 1 || work < (int64_t{1} << 16)) {
     fn(0, num_panels);
     return;
   }
-  const int tasks = EvenTasks(num_panels, threads, 4);
+  const int tasks = EvenTasks(num_panels, threads, per_thread);
   pool.ParallelFor(tasks, [&](int task, int) {
     fn(static_cast<int>(int64_t{num_panels} * task / tasks),
        static_cast<int>(int64_t{num_panels} * (task + 1) / tasks));

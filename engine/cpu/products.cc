@@ -95,7 +95,9 @@ void MatmulTogether(ThreadPool& pool, std::span<const MatmulProduct> products, c
       rows[i] = *r;
     }
     const int units = Units(products[i], m);
-    const int per_thread = products[i].w.int8 != nullptr ? Int8TasksPerThread(m) : 4;
+    const int per_thread = products[i].w.int8 != nullptr     ? Int8TasksPerThread(m)
+                           : products[i].w.panels != nullptr ? QuantTasksPerThread(m)
+                                                             : 4;
     const int tasks = EvenTasks(units, threads, per_thread);
     pieces[i] = {units, tasks, total};
     total += tasks;

@@ -469,9 +469,12 @@ void QuantMatmul(ThreadPool& pool, const float* x, int64_t ldx, int m, const Pac
   const auto panels = isa == MatmulIsa::kAvx512 ? QuantMatmulPanelsAvx512 : QuantMatmulPanelsAvx2;
   const QuantRows rows = QuantRowInputs(x, ldx, m, w, codes);
   const int per = QuantPanelsPerUnit(m), n = w.num_panels();
-  ForPanelRuns(pool, (n + per - 1) / per, int64_t{m} * w.rows() * w.cols(), [&](int u0, int u1) {
-    panels(x, ldx, m, rows, w, std::min(n, u0 * per), std::min(n, u1 * per), y, ldy);
-  });
+  ForPanelRuns(
+      pool, (n + per - 1) / per, int64_t{m} * w.rows() * w.cols(),
+      [&](int u0, int u1) {
+        panels(x, ldx, m, rows, w, std::min(n, u0 * per), std::min(n, u1 * per), y, ldy);
+      },
+      QuantTasksPerThread(m));
 }
 
 }  // namespace coalesce::engine::cpu

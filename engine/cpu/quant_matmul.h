@@ -154,6 +154,12 @@ QuantRows QuantRowInputs(const float* x, int64_t ldx, int m, const PackedMatrix&
 // else one.
 constexpr int QuantPanelsPerUnit(int m) { return m == 1 ? 2 : 1; }
 
+// Tasks a thread takes of a product with m rows of X: one for one row, whose
+// product waits on memory and whose every task starts cold (its first reads
+// wait, until its prefetches run ahead): on a 768 x 768 Q4_1 matrix, a task
+// a thread took 15.5 us and four 17.4 us. Else up to four, for balance.
+constexpr int QuantTasksPerThread(int m) { return m == 1 ? 1 : 4; }
+
 // y[i, j] = sum_k x[i, k] * w[j, k] for i < m, j < w.rows(), in the
 // arithmetic above.
 //   x: [m, w.cols()] (row stride ldx)   y: [m, w.rows()] (row stride ldy)
