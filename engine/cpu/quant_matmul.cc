@@ -406,6 +406,8 @@ CodeFloats MeasureCodeFloats() {
 
 // -1: measure; else a CodeFloats.
 std::atomic<int> code_floats_set{-1};
+// Tasks a thread of a one-row product.
+std::atomic<int> one_row_tasks{1};
 
 }  // namespace
 
@@ -415,6 +417,14 @@ CodeFloats QuantCodeFloats() {
   }
   static const CodeFloats measured = MeasureCodeFloats();
   return measured;
+}
+
+int QuantTasksPerThread(int m) {
+  return m == 1 ? one_row_tasks.load(std::memory_order_relaxed) : 4;
+}
+
+void SetQuantTasksPerThread(std::optional<int> tasks) {
+  one_row_tasks.store(std::max(1, tasks.value_or(1)), std::memory_order_relaxed);
 }
 
 void SetQuantCodeFloats(std::optional<CodeFloats> codes) {

@@ -156,9 +156,11 @@ constexpr int QuantPanelsPerUnit(int m) { return m == 1 ? 2 : 1; }
 
 // Tasks a thread takes of a product with m rows of X: one for one row, whose
 // product waits on memory and whose every task starts cold (its first reads
-// wait, until its prefetches run ahead): on a 768 x 768 Q4_1 matrix, a task
-// a thread took 15.5 us and four 17.4 us. Else up to four, for balance.
-constexpr int QuantTasksPerThread(int m) { return m == 1 ? 1 : 4; }
+// wait until its prefetches run ahead; performance.md), unless set; else up
+// to four, for balance.
+int QuantTasksPerThread(int m);
+// Sets the one-row figure (nullopt: one), for benchmarks that compare.
+void SetQuantTasksPerThread(std::optional<int> tasks);
 
 // y[i, j] = sum_k x[i, k] * w[j, k] for i < m, j < w.rows(), in the
 // arithmetic above.

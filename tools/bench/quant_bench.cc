@@ -59,6 +59,9 @@ ABSL_FLAG(std::string, code_floats, "measured",
           "How the one- and two-row kernels make floats of 4- and 6-bit codes: measured (the "
           "engine's choice, cpu/quant_matmul.h's QuantCodeFloats), converted or subnormal.");
 
+ABSL_FLAG(int, quant_tasks_per_thread, 0,
+          "Tasks a thread takes of a quantized product of one row (0: the engine's, one).");
+
 namespace coalesce {
 namespace {
 
@@ -208,13 +211,17 @@ int Run() {
   int threads = absl::GetFlag(FLAGS_threads);
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
-  if (const std::string codes = absl::GetFlag(FLAGS_code_floats); codes == "converted") {
+  const std::string codes = absl::GetFlag(FLAGS_code_floats);
+  if (codes == "converted") {
     engine::cpu::SetQuantCodeFloats(engine::cpu::CodeFloats::kConverted);
   } else if (codes == "subnormal") {
     engine::cpu::SetQuantCodeFloats(engine::cpu::CodeFloats::kSubnormal);
   } else if (codes != "measured") {
     std::fprintf(stderr, "bad --code_floats: measured, converted or subnormal\n");
     return 1;
+  }
+  if (const int tasks = absl::GetFlag(FLAGS_quant_tasks_per_thread); tasks > 0) {
+    engine::cpu::SetQuantTasksPerThread(tasks);
   }
   engine::cpu::ThreadPool pool(threads);
   const std::vector<Shape> shapes = StepMatrices(config);
@@ -232,7 +239,7 @@ int Run() {
 
   std::printf(
       "model %s shape: %zu matrices of a decode step, %.1fM weights; %d threads; codes as %s "
-      "floats\n",
+      "floats; a quantized one-row product in %d task(s) a thread\n",
       config.name.c_str(), shapes.size(),
       [&] {
         double n = 0;
@@ -241,7 +248,8 @@ int Run() {
       }(),
       threads,
       engine::cpu::QuantCodeFloats() == engine::cpu::CodeFloats::kSubnormal ? "subnormal"
-                                                                            : "converted");
+                                                                            : "converted",
+      engine::cpu::QuantTasksPerThread(1));
   engine::MemoryReadProbe probe(threads);
   std::vector<std::pair<std::string, Result>> results;
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_types), ',')) {

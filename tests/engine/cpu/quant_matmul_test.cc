@@ -277,6 +277,16 @@ TEST(QuantMatmulTest, SubnormalCodesStayExactWhereSubnormalsReadAsZero) {
   }
 }
 
+TEST(QuantMatmulTest, OneRowProductsTakeOneTaskAThreadUnlessSet) {
+  EXPECT_EQ(QuantTasksPerThread(1), 1);
+  EXPECT_EQ(QuantTasksPerThread(2), 4);
+  SetQuantTasksPerThread(3);
+  EXPECT_EQ(QuantTasksPerThread(1), 3);
+  EXPECT_EQ(QuantTasksPerThread(64), 4);
+  SetQuantTasksPerThread(std::nullopt);
+  EXPECT_EQ(QuantTasksPerThread(1), 1);
+}
+
 TEST(QuantMatmulTest, CodeFloatsCanBeSetAndMeasured) {
   SetQuantCodeFloats(CodeFloats::kConverted);
   EXPECT_EQ(QuantCodeFloats(), CodeFloats::kConverted);
