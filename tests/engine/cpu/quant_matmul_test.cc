@@ -252,6 +252,35 @@ TEST(QuantMatmulTest, ScalesRowsForSubnormalCodesWhereTheyApply) {
   }
 }
 
+TEST(QuantMatmulTest, SubnormalCodesStayExactWithTheLargestScales) {
+  // d = 65504 (f16's largest) in every block and rows of X up to 2^90
+  // (scaled by 2^35; the chains multiplied back by 2^114): the same bits.
+  ThreadPool pool(1);
+  const int rows = 32, k = 256;
+  for (QuantType type : {QuantType::kQ4_0, QuantType::kQ4_1, QuantType::kQ4_K, QuantType::kQ6_K}) {
+    std::vector<uint8_t> data = RandomBlocks(type, rows, k, 11);
+    const int bytes = QuantBlockBytes(type);
+    for (size_t at = type == QuantType::kQ6_K ? 208 : 0; at < data.size(); at += bytes) {
+      data[at] = 0xff;  // 0x7bff
+      data[at + 1] = 0x7b;
+    }
+    absl::StatusOr<PackedMatrix> packed =
+        PackedMatrix::Pack({.type = type, .rows = rows, .cols = k, .data = data.data()});
+    ASSERT_TRUE(packed.ok());
+    for (float top : {0x1p-90f, 0x1p60f, 0x1p90f}) {
+      std::vector<float> x(k);
+      for (int kk = 0; kk < k; ++kk) x[kk] = top * static_cast<float>((kk * 37) % 19 - 9) / 9.0f;
+      std::vector<float> want(rows), got(rows);
+      QuantMatmulReference(x.data(), k, 1, *packed, want.data(), rows);
+      QuantMatmul(pool, x.data(), k, 1, *packed, got.data(), rows, BestMatmulIsa(),
+                  CodeFloats::kSubnormal);
+      for (float v : want) ASSERT_TRUE(std::isfinite(v)) << "the test's own range";
+      ExpectSameBits(want.data(), got.data(), rows,
+                     absl::StrCat(QuantTypeName(type), " with d = 65504, |x| up to ", top));
+    }
+  }
+}
+
 TEST(QuantMatmulTest, SubnormalCodesStayExactWhereSubnormalsReadAsZero) {
   // A thread with MXCSR's denormals-are-zero set (by some library) would
   // read every subnormal code as 0: the kernels convert there instead.
