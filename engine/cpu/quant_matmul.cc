@@ -118,6 +118,13 @@ GroupLayout LayoutOf(QuantType type) {
   return {};
 }
 
+// The byte of a 4-bit group that holds row 8 at + c's nibble of column k:
+// columns in pairs of 32 bytes, lane c's low 16-bit word column 2p's rows
+// c, c + 8, c + 16, c + 24 and its high word column 2p + 1's (quant_matmul.h).
+int NibbleByte(const GroupLayout& g, int k, int c, int at) {
+  return g.q + (k / 2) * 32 + 4 * c + 2 * (k % 2) + at / 2;
+}
+
 // Writes row r's block into its group.
 void Place(QuantType type, const QuantBlock& b, int r, uint8_t* group) {
   const GroupLayout g = LayoutOf(type);
@@ -152,8 +159,7 @@ void Place(QuantType type, const QuantBlock& b, int r, uint8_t* group) {
     return;
   }
   for (int k = 0; k < n; ++k) {
-    group[g.q + k * 16 + 2 * lane + at / 2] |=
-        static_cast<uint8_t>((b.q[k] & 15) << (4 * (at % 2)));
+    group[NibbleByte(g, k, lane, at)] |= static_cast<uint8_t>((b.q[k] & 15) << (4 * (at % 2)));
   }
 }
 
@@ -226,7 +232,7 @@ int RowCode(QuantType type, const GroupLayout& g, const uint8_t* group, int lane
     const uint32_t v = column[2 * c] | column[2 * c + 1] << 8 | column[16 + c] << 16;
     return static_cast<int>(v >> (6 * at)) & 63;
   }
-  return (group[g.q + k * 16 + 2 * c + at / 2] >> (4 * (at % 2))) & 15;
+  return (group[NibbleByte(g, k, c, at)] >> (4 * (at % 2))) & 15;
 }
 
 }  // namespace

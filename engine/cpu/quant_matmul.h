@@ -51,18 +51,20 @@ inline constexpr int kQuantPanelRows = 32;
 // one vector load reads a value of many rows. Per group (little-endian, f16
 // scales as in the file):
 //   Q8_0  d[32] f16, q[32 k][32 rows] int8                          1088 bytes
-//   Q4_0  d[32], q[32 k][8] 16-bit words: word c holds rows c, c + 8,
-//         c + 16, c + 24 at bits 0, 4, 8, 12                          576
+//   Q4_0  d[32], q[16 pairs of k][8][2] 16-bit words: word [p][c][h]
+//         holds column 2p + h's rows c, c + 8, c + 16, c + 24 at bits
+//         0, 4, 8, 12                                                 576
 //   Q4_1  d[32], m[32], q as Q4_0                                     640
 //   Q4_K  d[32], dmin[32], sc[8][32], mn[8][32] (6-bit, one byte each),
-//         q[256 k][8] as Q4_0                                        4736
+//         q[128 pairs of k][8][2] as Q4_0                            4736
 //   Q6_K  d[32], sc[16][32] int8, q[256 k] of 24 bytes: 8 lanes of 24 bits,
 //         lane c (its low 16 bits in word c, its high 8 in byte 16 + c)
 //         holding rows c, c + 8, c + 16, c + 24 at bits 0, 6, 12, 18    6720
 // The same bytes per weight as the file, but for Q4_K's scales (148 bytes
-// per row and block instead of 144). A column's 32 integers widen from
-// their bytes into 8 lanes of 32 bits with one load, and each row's bits are
-// masked where they lie (quant_panels.h).
+// per row and block instead of 144). A pair of 4-bit columns is one load of
+// 8 lanes of 32 bits (the odd column shifted down 16 bits), and a Q6_K
+// column widens from its bytes into 8 lanes; each row's bits are masked
+// where they lie (quant_panels.h).
 class PackedMatrix {
  public:
   // Lays `m` out as panels. InvalidArgument for a shape the product cannot

@@ -55,11 +55,13 @@ constexpr float CodeScale(QuantType type, int i) {
   return static_cast<float>(1 << (4 * i));
 }
 
-// 16 bytes of nibbles (16-bit word c: rows c, c + 8, c + 16, c + 24) -> the
-// 32 rows' integers, 8 rows a vector: the words widened to 32-bit lanes as
-// they load (one instruction), then each nibble masked in place.
-inline void Nibbles(const uint8_t* p, __m256i out[4]) {
-  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+// Column 2p + odd of a pair's 32 bytes of nibbles (lane c: column 2p's
+// 16-bit word c, rows c, c + 8, c + 16, c + 24, in its low half, column
+// 2p + 1's in its high half) -> the 32 rows' integers, 8 rows a vector: one
+// load (and for the odd column a shift), then each nibble masked in place.
+inline void Nibbles(const uint8_t* pair, bool odd, __m256i out[4]) {
+  __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair));
+  if (odd) w = _mm256_srli_epi32(w, 16);
   out[0] = _mm256_and_si256(w, _mm256_set1_epi32(0x000f));  // rows 0-7
   out[1] = _mm256_and_si256(w, _mm256_set1_epi32(0x00f0));  // rows 8-15, times 16
   out[2] = _mm256_and_si256(w, _mm256_set1_epi32(0x0f00));  // rows 16-23, times 256
@@ -86,14 +88,15 @@ constexpr int GroupSize(QuantType type) {
 }
 constexpr bool HasOffset(QuantType type) { return type != QuantType::kQ8_0; }
 
-// The integers of column kk of a group (its layout: quant_matmul.h) as
-// floats (exact), times CodeScale: q[i] holds rows 8i .. 8i + 7. With
+// The integers of column 2 pair + h of a group (its layout: quant_matmul.h)
+// as floats (exact), times CodeScale: q[i] holds rows 8i .. 8i + 7. With
 // kSubnormal (CodeFloats::kSubnormal; not Q8_0, whose bytes are signed)
 // there is no conversion: the masked lane, read as a float, is its integer
 // times 2^-149, a subnormal (quant_matmul.h).
 template <QuantType kType, bool kSubnormal = false>
-inline void Codes(const uint8_t* group, int kk, __m256 q[4]) {
+inline void Codes(const uint8_t* group, int pair, int h, __m256 q[4]) {
   static_assert(!kSubnormal || kType != QuantType::kQ8_0);
+  const int kk = 2 * pair + h;
   __m256i n[4];
   if constexpr (kType == QuantType::kQ8_0) {
     for (int i = 0; i < 4; ++i) q[i] = Signed8(group + 64 + kk * 32 + 8 * i);
@@ -102,7 +105,7 @@ inline void Codes(const uint8_t* group, int kk, __m256 q[4]) {
     Q6Column(group + 576 + kk * 24, n);
   } else {
     constexpr int kAt = kType == QuantType::kQ4_0 ? 64 : kType == QuantType::kQ4_1 ? 128 : 640;
-    Nibbles(group + kAt + kk * 16, n);
+    Nibbles(group + kAt + pair * 32, h == 1, n);
   }
   for (int i = 0; i < 4; ++i) {
     q[i] = kSubnormal ? _mm256_castsi256_ps(n[i]) : _mm256_cvtepi32_ps(n[i]);
@@ -227,9 +230,9 @@ void RunsOf(const float* x, int64_t ldx, const float* sums, const float* unscale
       for (int pair = j * kSub / 2; pair < (j + 1) * kSub / 2; ++pair) {
         for (int s = 0; s < kRuns; ++s) PrefetchLine(group[s] + distance + pair * step);
 #pragma GCC unroll 2
-        for (int kk = 2 * pair; kk < 2 * pair + 2; ++kk, ++xj) {
+        for (int h = 0; h < 2; ++h, ++xj) {
           __m256 q[4];
-          Codes<kType, kSubnormal>(group[0], kk, q);
+          Codes<kType, kSubnormal>(group[0], pair, h, q);
           const __m256 x0 = _mm256_broadcast_ss(xj);
           t0 = _mm256_fmadd_ps(q[0], x0, t0);
           t1 = _mm256_fmadd_ps(q[1], x0, t1);
@@ -242,7 +245,7 @@ void RunsOf(const float* x, int64_t ldx, const float* sums, const float* unscale
             t6 = _mm256_fmadd_ps(q[2], x1, t6);
             t7 = _mm256_fmadd_ps(q[3], x1, t7);
           } else if constexpr (kRuns == 2) {
-            Codes<kType, kSubnormal>(group[1], kk, q);
+            Codes<kType, kSubnormal>(group[1], pair, h, q);
             t4 = _mm256_fmadd_ps(q[0], x0, t4);
             t5 = _mm256_fmadd_ps(q[1], x0, t5);
             t6 = _mm256_fmadd_ps(q[2], x0, t6);
@@ -418,7 +421,7 @@ void ManyRowsPanels(const float* x, int64_t ldx, int m, const float* sums, const
       for (int g = 0; g < kb / kGroup; ++g, group += w.group_bytes()) {
         for (int kk = 0; kk < kGroup; ++kk) {
           __m256 q[4];
-          Codes<kType>(group, kk, q);
+          Codes<kType>(group, kk / 2, kk % 2, q);
           float* c = codes + (g * kGroup + kk) * kPanel;
           for (int i = 0; i < 4; ++i) _mm256_store_ps(c + 8 * i, q[i]);
         }
