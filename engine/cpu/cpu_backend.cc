@@ -148,6 +148,8 @@ struct PackedWeights {
   int64_t bytes = 0;              // of the laid-out quantized matrices
   int64_t elements = 0;           // weights they hold
   int int8_matrices = 0;          // of which in the int8 layout
+  int code_matrices = 0;          // of which 4- or 6-bit as panels (cpu::CodeFloats)
+  bool subnormal_codes = false;   // cpu::QuantCodeFloats(), asked at load where it counts
   std::string types;              // "Q8_0, Q4_1": the types held, for Describe()
   int64_t float_panel_bytes = 0;  // of the float32 matrices laid out as panels
 };
@@ -165,6 +167,7 @@ absl::StatusOr<std::unique_ptr<LaidOutWeight>> PackIf(const QuantizedMatrix& m,
     absl::StatusOr<cpu::PackedMatrix> packed = cpu::PackedMatrix::Pack(m);
     if (!packed.ok()) return packed.status();
     weight = std::make_unique<LaidOutWeight>(*std::move(packed));
+    if (m.type != QuantType::kQ8_0) ++out.code_matrices;
   }
   out.bytes += weight->bytes();
   out.elements += m.rows * m.cols;
@@ -332,7 +335,9 @@ class CpuBackend final : public Backend {
                   "%s weights (%.1f MB; the rest fp32%s)%s", packed_.types, packed_.bytes / 1e6,
                   panels_mb > 0 ? absl::StrFormat(", its matrices as panels: %.1f MB", panels_mb)
                                 : "",
-                  packed_.int8_matrices > 0 ? " with int8 activations" : "");
+                  packed_.int8_matrices > 0 ? " with int8 activations"
+                  : packed_.subnormal_codes ? ", one-row codes as subnormal floats"
+                                            : "");
     if (kv_.dtype == KvDtype::kFp32 && packed_.types.empty() && panels_mb == 0) return "cpu";
     return absl::StrCat("cpu: ", weights, ", KV cache ", KvDtypeName(kv_.dtype),
                         kv_.dtype == KvDtype::kInt8 ? " (a scale per token and KV head)" : "");
@@ -768,6 +773,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::shared_ptr<const 
       model->config, model->weights, options.int8_activations && cpu::Int8DotSupported(),
       options.float_panels.value_or(cpu::BestMatmulIsa() == cpu::MatmulIsa::kAvx2));
   if (!packed.ok()) return packed.status();
+  // Times the two ways once (about a millisecond) at load, not in the
+  // first request's decode step.
+  packed->subnormal_codes =
+      packed->code_matrices > 0 && cpu::QuantCodeFloats() == cpu::CodeFloats::kSubnormal;
   if (AllLaidOut(*packed)) model = WhatTheStepReads(*model, *packed);
   return std::unique_ptr<Backend>(new CpuBackend(std::move(model), kv, threads, std::move(cache),
                                                  std::move(scales), *std::move(packed)));

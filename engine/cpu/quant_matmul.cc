@@ -365,8 +365,8 @@ bool ScaleForSubnormalCodes(const float* x, int64_t ldx, int m, int k, float* sc
 }
 
 // A product of one row against a Q4_0 matrix of 64 rows and 4096 columns
-// (147 KB, in a core's cache), timed for `codes`: the fastest of `rounds`
-// runs of 8 products, in seconds.
+// (147 KB, in a core's cache), timed for `codes`: the fastest of 3 runs of
+// 8 products, in seconds.
 double TimeCodeFloats(CodeFloats codes, const PackedMatrix& w, const std::vector<float>& x,
                       std::vector<float>& y) {
   const auto panels =

@@ -43,12 +43,13 @@ inline __m256 Signed8(const uint8_t* p) {
 
 // The integers of a column of 32 rows come out of their bytes in 32-bit
 // lanes, lane c holding rows c, c + 8, c + 16 and c + 24 side by side
-// (quant_matmul.h's layout), and each row's bits are masked where they lie:
-// no shift but for the last row. So rows 8-15 and 16-23 come out times a
-// power of two (CodeScale), which their scales undo (Scales): exactly, as
-// long as the products stay in float32's normal range. CodeScale(type, i) is
-// that power for rows 8i .. 8i + 7: 2^(bits i) for rows 8-23, bits the width
-// of a row's integer in its lane (Q8_0's bytes are not in lanes), else 1.
+// (quant_matmul.h's layout), and each row's bits are masked where they lie,
+// never shifted down (a mask runs on more of the processor's vector pipes
+// than a shift). So rows 8i .. 8i + 7 come out times a power of two,
+// CodeScale(type, i), which their scales undo (Scales): exactly, as long as
+// the products stay in float32's normal range. It is 2^(4i) for the 4-bit
+// types; 2^(6i) for Q6_K's first three rows of a lane, and 4 for its last,
+// masked in the lane's high byte; 1 for Q8_0, whose bytes are not in lanes.
 constexpr float CodeScale(QuantType type, int i) {
   if (type == QuantType::kQ8_0) return 1.0f;
   if (type == QuantType::kQ6_K) return static_cast<float>(i == 3 ? 4 : 1 << (6 * i));
@@ -141,16 +142,16 @@ inline void LoadGroupScales(const uint8_t* group, GroupScales& g) {
 template <QuantType kType>
 inline void Scales(const uint8_t* group, int j, const GroupScales& g, __m256 dl[4], __m256 ml[4]) {
   for (int i = 0; i < 4; ++i) {
-    const __m256 unscale = _mm256_set1_ps(1.0f / CodeScale(kType, i));
+    const __m256 undo = _mm256_set1_ps(1.0f / CodeScale(kType, i));
     if constexpr (kType == QuantType::kQ8_0) {
       dl[i] = Halves(group + 16 * i);
       ml[i] = _mm256_setzero_ps();
     } else if constexpr (kType == QuantType::kQ4_0) {
       const __m256 d = Halves(group + 16 * i);
-      dl[i] = _mm256_mul_ps(d, unscale);
+      dl[i] = _mm256_mul_ps(d, undo);
       ml[i] = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
     } else if constexpr (kType == QuantType::kQ4_1) {
-      dl[i] = _mm256_mul_ps(Halves(group + 16 * i), unscale);
+      dl[i] = _mm256_mul_ps(Halves(group + 16 * i), undo);
       ml[i] = Halves(group + 64 + 16 * i);
     } else if constexpr (kType == QuantType::kQ4_K) {
       dl[i] = _mm256_mul_ps(_mm256_load_ps(g.d + 8 * i), Unsigned8(group + 128 + j * 32 + 8 * i));
@@ -196,7 +197,7 @@ inline int64_t PrefetchDistance(const PackedMatrix& w) {
 // kNx rows of X (1 or 2) against panels ps[0 .. kRuns), group by group in
 // lockstep: each sub-block's codes go from their bytes into one chain per
 // output (t), which then settles into the output (in `out`, in memory: 16
-// vector registers hold the chains and the codes). Every 4 columns each
+// vector registers hold the chains and the codes). Every 2 columns each
 // run asks for one line, PrefetchDistance ahead, stepping through its
 // group's bytes as the columns step through the group: spread out, not a
 // burst of lines at each sub-block (which cost time even in cache). With
@@ -213,7 +214,7 @@ void RunsOf(const float* x, int64_t ldx, const float* sums, const float* unscale
   const uint8_t* group[kRuns];
   for (int s = 0; s < kRuns; ++s) group[s] = w.panel(ps[s]);
   alignas(32) float out[kRuns][kNx][kPanel] = {};
-  // Bytes of a group per 4 columns (rounded down: a line a group may go
+  // Bytes of a group per 2 columns (rounded down: a line a group may go
   // unasked, and the processor's own prefetcher follows the stream anyway).
   const int64_t distance = PrefetchDistance(w), step = w.group_bytes() / (kGroup / 2);
   GroupScales shared[kRuns];

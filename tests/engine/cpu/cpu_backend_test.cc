@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/cpu/quant_int8.h"
+#include "engine/cpu/quant_matmul.h"
 #include "engine/model/llama2c.h"
 #include "engine/model/quantize.h"
 #include "engine/tokenizer/llama2c_tokenizer.h"
@@ -224,6 +225,34 @@ TEST(CpuBackendTest, ProjectionsRunTogetherGiveTheSameBits) {
         ASSERT_EQ(got[i], reference[i]) << "threads " << threads << " step " << i;
       }
     }
+  }
+}
+
+// Decoding a Q4_0 and a Q4_1 model one token at a time, the one-row kernels
+// with converted codes and with subnormal ones (cpu/quant_matmul.h's
+// CodeFloats): the same logits, bit for bit; the backend says which it uses.
+TEST(CpuBackendTest, SubnormalCodesGiveTheSameLogitsAsConvertedOnes) {
+  const std::shared_ptr<const Model> synthetic = Synthetic("synthetic:15m");
+  ASSERT_NE(synthetic, nullptr);
+  const std::vector<int32_t> prompt = Prompt(6, synthetic->config.vocab_size);
+  for (const QuantType type : {QuantType::kQ4_0, QuantType::kQ4_1}) {
+    SCOPED_TRACE(QuantTypeName(type));
+    auto quantized = QuantizeModel(synthetic, type);
+    ASSERT_TRUE(quantized.ok()) << quantized.status();
+    std::vector<std::vector<float>> logits[2];
+    for (const cpu::CodeFloats codes : {cpu::CodeFloats::kConverted, cpu::CodeFloats::kSubnormal}) {
+      cpu::SetQuantCodeFloats(codes);
+      auto backend =
+          CreateCpuBackend(*quantized, {.kv_cache = {.block_size = 16, .num_blocks = 1}});
+      ASSERT_TRUE(backend.ok()) << backend.status();
+      const bool subnormal = codes == cpu::CodeFloats::kSubnormal;
+      EXPECT_EQ((*backend)->Describe().find("subnormal") != std::string::npos, subnormal)
+          << (*backend)->Describe();
+      logits[subnormal] = OneByOne(**backend, prompt, {0});
+    }
+    cpu::SetQuantCodeFloats(std::nullopt);
+    ASSERT_EQ(logits[0].size(), prompt.size());
+    EXPECT_EQ(logits[0], logits[1]);
   }
 }
 
