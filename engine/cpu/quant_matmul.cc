@@ -145,16 +145,16 @@ void Place(QuantType type, const QuantBlock& b, int r, uint8_t* group) {
     for (int j = 0; j < 16; ++j) group[g.sc + j * 32 + r] = b.sc[j];
   }
   // A column's rows side by side in 8 lanes (quant_matmul.h): lane c holds
-  // rows c, c + 8, c + 16, c + 24, 4 bits each (a 16-bit word) or 6 bits
-  // each for Q6_K (the word and byte 16 + c).
+  // rows c, c + 8, c + 16, c + 24, 4 bits each (a 16-bit word, NibbleByte)
+  // or 6 bits each for Q6_K (bytes 3c to 3c + 2 of the column).
   const int lane = r % 8, at = r / 8;
   if (type == QuantType::kQ6_K) {
     for (int k = 0; k < n; ++k) {
       const uint32_t v = uint32_t{b.q[k]} << (6 * at);
       uint8_t* column = group + g.q + k * 24;
-      column[2 * lane] |= static_cast<uint8_t>(v);
-      column[2 * lane + 1] |= static_cast<uint8_t>(v >> 8);
-      column[16 + lane] |= static_cast<uint8_t>(v >> 16);
+      column[3 * lane] |= static_cast<uint8_t>(v);
+      column[3 * lane + 1] |= static_cast<uint8_t>(v >> 8);
+      column[3 * lane + 2] |= static_cast<uint8_t>(v >> 16);
     }
     return;
   }
@@ -199,8 +199,10 @@ absl::StatusOr<PackedMatrix> PackedMatrix::Pack(const QuantizedMatrix& m) {
   const int groups = out.cols_ / block;
   out.panel_bytes_ = out.group_bytes_ * groups;
   const int64_t total = out.panel_bytes_ * out.num_panels();
-  // 64-byte aligned, zeroed: padding rows are zero weights.
-  const size_t alloc = static_cast<size_t>((total + 63) / 64 * 64);
+  // 64-byte aligned, zeroed: padding rows are zero weights. 32 bytes more
+  // than the panels: a kernel's load of a Q6_K column reads 4 bytes past
+  // the last one (quant_panels.h's Q6Column).
+  const size_t alloc = static_cast<size_t>((total + 32 + 63) / 64 * 64);
   out.data_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, alloc)));
   if (out.data_ == nullptr) {
     return absl::ResourceExhaustedError(
@@ -229,7 +231,7 @@ int RowCode(QuantType type, const GroupLayout& g, const uint8_t* group, int lane
   const int c = lane % 8, at = lane / 8;
   if (type == QuantType::kQ6_K) {
     const uint8_t* column = group + g.q + k * 24;
-    const uint32_t v = column[2 * c] | column[2 * c + 1] << 8 | column[16 + c] << 16;
+    const uint32_t v = column[3 * c] | column[3 * c + 1] << 8 | column[3 * c + 2] << 16;
     return static_cast<int>(v >> (6 * at)) & 63;
   }
   return (group[NibbleByte(g, k, c, at)] >> (4 * (at % 2))) & 15;

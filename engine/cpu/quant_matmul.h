@@ -58,12 +58,12 @@ inline constexpr int kQuantPanelRows = 32;
 //   Q4_K  d[32], dmin[32], sc[8][32], mn[8][32] (6-bit, one byte each),
 //         q[128 pairs of k][8][2] as Q4_0                            4736
 //   Q6_K  d[32], sc[16][32] int8, q[256 k] of 24 bytes: 8 lanes of 24 bits,
-//         lane c (its low 16 bits in word c, its high 8 in byte 16 + c)
-//         holding rows c, c + 8, c + 16, c + 24 at bits 0, 6, 12, 18    6720
+//         lane c in bytes 3c to 3c + 2 (little-endian), holding rows c,
+//         c + 8, c + 16, c + 24 at bits 0, 6, 12, 18                  6720
 // The same bytes per weight as the file, but for Q4_K's scales (148 bytes
 // per row and block instead of 144). A pair of 4-bit columns is one load of
 // 8 lanes of 32 bits (the odd column shifted down 16 bits), and a Q6_K
-// column widens from its bytes into 8 lanes; each row's bits are masked
+// column one load and one shuffle into 8 lanes; each row's bits are masked
 // where they lie (quant_panels.h).
 class PackedMatrix {
  public:

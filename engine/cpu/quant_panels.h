@@ -48,11 +48,11 @@ inline __m256 Signed8(const uint8_t* p) {
 // than a shift). So rows 8i .. 8i + 7 come out times a power of two,
 // CodeScale(type, i), which their scales undo (Scales): exactly, as long as
 // the products stay in float32's normal range. It is 2^(4i) for the 4-bit
-// types; 2^(6i) for Q6_K's first three rows of a lane, and 4 for its last,
-// masked in the lane's high byte; 1 for Q8_0, whose bytes are not in lanes.
+// types; 2^(6i) for Q6_K's first three rows of a lane, and 1 for its last,
+// shifted down; 1 for Q8_0, whose bytes are not in lanes.
 constexpr float CodeScale(QuantType type, int i) {
   if (type == QuantType::kQ8_0) return 1.0f;
-  if (type == QuantType::kQ6_K) return static_cast<float>(i == 3 ? 4 : 1 << (6 * i));
+  if (type == QuantType::kQ6_K) return static_cast<float>(i == 3 ? 1 : 1 << (6 * i));
   return static_cast<float>(1 << (4 * i));
 }
 
@@ -69,18 +69,23 @@ inline void Nibbles(const uint8_t* pair, bool odd, __m256i out[4]) {
   out[3] = _mm256_and_si256(w, _mm256_set1_epi32(0xf000));  // rows 24-31, times 4096
 }
 
-// One column of a Q6_K group (24 bytes: 16-bit word c holds the low 16 bits
-// of lane c's 24, byte 16 + c the high 8; the lane holds rows c, c + 8,
-// c + 16, c + 24 at bits 0, 6, 12, 18) -> its 32 rows' 6-bit integers, 8
-// rows a vector, as Nibbles.
+// One column of a Q6_K group (24 bytes: lane c's 24 bits in bytes 3c to
+// 3c + 2, rows c, c + 8, c + 16, c + 24 at bits 0, 6, 12, 18) -> its 32
+// rows' 6-bit integers, 8 rows a vector, as Nibbles. One load from 4 bytes
+// before the column puts lanes 0-3's bytes in its low 16 and lanes 4-7's in
+// its high 16, so one shuffle within each half spreads them into the 8
+// lanes. (The load reads 4 bytes before a column, in its group, and 4 after
+// the last one: PackedMatrix leaves room.) The last row, whose top bit would
+// fall in a float's exponent, is shifted down.
 inline void Q6Column(const uint8_t* p, __m256i out[4]) {
-  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m256i h = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 16)));
-  const __m256i lane = _mm256_or_si256(w, _mm256_slli_epi32(h, 16));
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p - 4));
+  const __m256i spread = _mm256_setr_epi8(4, 5, 6, -1, 7, 8, 9, -1, 10, 11, 12, -1, 13, 14, 15, -1,
+                                          0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1);
+  const __m256i lane = _mm256_shuffle_epi8(raw, spread);
   out[0] = _mm256_and_si256(lane, _mm256_set1_epi32(0x3f));     // rows 0-7
   out[1] = _mm256_and_si256(lane, _mm256_set1_epi32(0xfc0));    // rows 8-15, times 64
   out[2] = _mm256_and_si256(lane, _mm256_set1_epi32(0x3f000));  // rows 16-23, times 4096
-  out[3] = _mm256_and_si256(h, _mm256_set1_epi32(0xfc));        // rows 24-31, times 4
+  out[3] = _mm256_srli_epi32(lane, 18);                         // rows 24-31
 }
 
 // Values of k in a group (QuantBlockSize, as a constant).
