@@ -19,11 +19,11 @@
 // difference, and gguf_model_parity the logits against transformers.
 //
 // The dequantized weight costs no instruction: a decode step's product is
-// one fma per weight and at most one conversion of an integer to float,
-// bound by the memory that holds the quantized bytes (CodeFloats). No output depends on the other
-// rows of X or W, the thread, the tile or the instruction set (the AVX-512
-// build runs the same 256-bit code), so a sequence decodes the same bits
-// alone or in any batch.
+// one fma per weight and at most one conversion of an integer to float
+// (CodeFloats), bound by the memory that holds the quantized bytes. No
+// output depends on the other rows of X or W, the thread, the tile or the
+// instruction set (the AVX-512 build runs the same 256-bit code), so a
+// sequence decodes the same bits alone or in any batch.
 //
 // The weights are laid out once, at load, as panels of 32 rows in their
 // block type (PackedMatrix): every weight byte read from memory is a
