@@ -98,7 +98,7 @@ const Shape kShapes[] = {{1, 1, 1},   {1, 33, 2},  {2, 31, 1}, {5, 64, 3},  {7, 
                          {1, 300, 3}, {1, 520, 2}, {2, 70, 9}};
 
 // x_scale multiplies the activations: the kernels' codes come times powers
-// of two (up to 2^18, and 2^-149 as subnormals) that their scales undo,
+// of two (up to 2^12, and 2^-149 as subnormals) that their scales undo,
 // which keeps every bit while the sums stay in float32's normal range.
 void CheckProduct(MatmulIsa isa, int threads, CodeFloats codes, float x_scale = 1.0f) {
   ThreadPool pool(threads);
