@@ -82,15 +82,13 @@ void MatmulTogether(ThreadPool& pool, std::span<const MatmulProduct> products, c
   };
   std::array<Piece, kMaxTogether> pieces;  // no allocation in a decode step
   // The quantized products' inputs from X (block sums, scaled rows),
-  // computed here once for each sub-block size (16 or 32) and for Q8_0
-  // (which has no scaled rows), not by each task.
+  // computed here once for each sub-block size (16 or 32), not by each task.
   std::array<QuantRows, kMaxTogether> rows{};
-  std::optional<QuantRows> rows_by_kind[3];
+  std::optional<QuantRows> rows_by_size[2];
   int total = 0;
   for (size_t i = 0; i < products.size(); ++i) {
     if (const PackedMatrix* w = products[i].w.panels; w != nullptr) {
-      const int kind = w->type() == QuantType::kQ8_0 ? 2 : QuantSubBlockSize(w->type()) / 32;
-      std::optional<QuantRows>& r = rows_by_kind[kind];
+      std::optional<QuantRows>& r = rows_by_size[QuantSubBlockSize(w->type()) / 32];
       if (!r.has_value()) r = QuantRowInputs(x, ldx, m, *w);
       rows[i] = *r;
     }

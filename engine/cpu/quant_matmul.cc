@@ -16,6 +16,7 @@
 #include "engine/cpu/kv_quant.h"
 #include "engine/cpu/matmul_panels.h"
 #include "engine/cpu/quant_blocks.h"
+#include "engine/sampler.h"
 
 namespace coalesce::engine::cpu {
 namespace {
@@ -390,11 +391,8 @@ CodeFloats MeasureCodeFloats() {
   constexpr int kRows = 64, kCols = 4096;
   const QuantType type = QuantType::kQ4_0;
   std::vector<uint8_t> blocks(static_cast<size_t>(kRows) * kCols / 32 * QuantBlockBytes(type));
-  uint32_t state = 12345;
-  for (uint8_t& b : blocks) {
-    state = state * 1664525u + 1013904223u;
-    b = static_cast<uint8_t>(state >> 24);
-  }
+  Rng rng(12345);
+  for (uint8_t& b : blocks) b = static_cast<uint8_t>(rng.NextU64());
   for (size_t at = 0; at < blocks.size(); at += QuantBlockBytes(type)) {
     Store16(blocks.data() + at, 0x2c00);  // d = 1/16
   }
@@ -452,7 +450,8 @@ QuantRows QuantRowInputs(const float* x, int64_t ldx, int m, const PackedMatrix&
   QuantBlockSums(x, ldx, m, k, sub, b.sums.data());
   QuantRows rows;
   rows.sums = b.sums.data();
-  if (codes == CodeFloats::kSubnormal && m <= 2 && w.type() != QuantType::kQ8_0) {
+  // Q8_0's kernels ignore them; a product of several types shares them.
+  if (codes == CodeFloats::kSubnormal && m <= 2) {
     b.scaled.resize(static_cast<size_t>(m) * k);
     if (ScaleForSubnormalCodes(x, ldx, m, k, b.scaled.data(), rows.unscale)) {
       rows.scaled = b.scaled.data();

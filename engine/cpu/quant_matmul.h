@@ -139,8 +139,9 @@ void SetQuantCodeFloats(std::optional<CodeFloats> codes);
 struct QuantRows {
   // QuantBlockSums of the m rows for w's sub-block size.
   const float* sums = nullptr;
-  // For kSubnormal, m <= 2 and a type other than Q8_0: the rows times 2^s
-  // ([m][w.cols()]) and 2^(149 - s), one s per row; else null.
+  // For kSubnormal and m <= 2: the rows times 2^s ([m][w.cols()]) and
+  // 2^(149 - s), one s per row (Q8_0's kernels, which always convert, do
+  // not read them); else null.
   const float* scaled = nullptr;
   float unscale[2] = {1.0f, 1.0f};
 };
