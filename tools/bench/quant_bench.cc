@@ -15,7 +15,10 @@
 // one parallel loop, and gate and up in another (cpu/products.h). Attention, norms and sampling are
 // left out: at batch 1 and short contexts they are a small part of a step (coalesce-engine-bench
 // measures whole steps). Beside them, each type's arithmetic rate: one row against a matrix in
-// cache, on one thread (CacheRate).
+// cache, on one thread (CacheRate), in bytes a second and as a share of the thread's fma peak
+// measured beside it (FmaPeak): the second does not move with the processor's clock.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -132,7 +135,41 @@ struct Result {
   double bytes = 0;
   std::vector<bench::ProbePairs> timings;  // per --rows entry
   double cache_rate = 0;                   // bytes/s: CacheRate
+  double peak_share = 0;                   // CacheRate's weights/s over FmaPeak's
 };
+
+// Seconds for `rounds` rounds of 12 independent fmas on 8 floats each: more
+// chains than an fma's latency times the fmas a cycle (4 x 2 on the AMD
+// and Intel cores of these machines), so the loop runs at the thread's fma
+// peak. The result goes to `sink`, so that none of it can be left out.
+// AVX2 and FMA, as the engine's kernels (this tool is built for any
+// x86-64; the engine refuses a processor without them).
+[[gnu::noinline, gnu::target("avx2,fma")]] double FmaLoopSeconds(int rounds, float* sink) {
+  constexpr int kChains = 12;
+  __m256 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(static_cast<float>(c));
+  const __m256 a = _mm256_set1_ps(sink[0]), b = _mm256_set1_ps(sink[1]);
+  const absl::Time start = absl::Now();
+  for (int r = 0; r < rounds; ++r) {
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  __m256 sum = acc[0];
+  for (int c = 1; c < kChains; ++c) sum = _mm256_add_ps(sum, acc[c]);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum);
+  sink[2] = lanes[0];
+  return seconds;
+}
+
+// One fma peak run: weights a second, 8 a fma (one fma a weight, as the
+// exact numerics' kernels do).
+double FmaPeakOnce() {
+  constexpr int kRounds = 20000;
+  float sink[3] = {0.999f, 0.001f, 0.0f};
+  return 12.0 * 8.0 * kRounds / FmaLoopSeconds(kRounds, sink);
+}
 
 // Rows of the matrix CacheRate times: with the model's columns, small
 // enough for a core's own cache (256 x 768 floats: 768 KiB).
@@ -141,24 +178,32 @@ constexpr int kCacheRows = 256;
 // The kernel's arithmetic rate: one row of activations against one matrix
 // of `bytes` that stays in cache, on one thread (a pool of one runs the
 // product on the caller), the fastest of many runs, in weight bytes a
-// second. The memory-bound rows above reach their floor only where this
-// is well above the memory's bandwidth a thread.
+// second (into r.cache_rate). The memory-bound rows above reach their floor
+// only where this is well above the memory's bandwidth a thread. And the
+// same as a share of the thread's fma peak (r.peak_share), each run of the
+// kernel followed by one of FmaPeakOnce, the best of each: on a shared
+// machine whose clock moves between runs, the share holds still where the
+// rate does not. The exact numerics' one-row kernels, one fma a weight,
+// reach 100% at most; the int8 ones, a multiply-add of 32 bytes a weight
+// pair, can pass it.
 template <typename Weights>
-double CacheRate(double bytes, int cols, Weights weights) {
+void CacheRate(double bytes, int cols, Weights weights, Result& r) {
   engine::cpu::ThreadPool one(1);
   std::vector<float> x(static_cast<size_t>(cols), 0.25f), y(kCacheRows);
   engine::cpu::Int8Rows scratch;
   const engine::cpu::MatmulProduct product{
       .w = weights, .n = kCacheRows, .y = y.data(), .ldy = kCacheRows};
-  double best = 1e30;
+  double best = 1e30, peak = 0;
   for (int run = 0; run < 200; ++run) {
     const absl::Time start = absl::Now();
     for (int i = 0; i < 10; ++i) {
       engine::cpu::MatmulTogether(one, {&product, 1}, x.data(), cols, 1, cols, scratch);
     }
     best = std::min(best, absl::ToDoubleSeconds(absl::Now() - start) / 10);
+    peak = std::max(peak, FmaPeakOnce());
   }
-  return bytes / best;
+  r.cache_rate = bytes / best;
+  r.peak_share = double{kCacheRows} * cols / best / peak;
 }
 
 // Every matrix of the step against m rows of x, as the engine runs them:
@@ -269,8 +314,8 @@ int Run() {
         }));
       }
       const std::vector<float> cached(static_cast<size_t>(kCacheRows) * shapes[0].cols, 0.01f);
-      r.cache_rate = CacheRate(4.0 * static_cast<double>(cached.size()), shapes[0].cols,
-                               engine::cpu::MatmulWeights{.f = cached.data()});
+      CacheRate(4.0 * static_cast<double>(cached.size()), shapes[0].cols,
+                engine::cpu::MatmulWeights{.f = cached.data()}, r);
       // The same matrices laid out as panels at load (cpu/float_panels.h).
       Result rp;
       rp.bytes = r.bytes;
@@ -294,8 +339,8 @@ int Run() {
         absl::StatusOr<engine::cpu::FloatPanels> laid =
             engine::cpu::FloatPanels::Pack(cached.data(), kCacheRows, shapes[0].cols);
         if (!laid.ok()) return 1;
-        rp.cache_rate = CacheRate(4.0 * static_cast<double>(cached.size()), shapes[0].cols,
-                                  engine::cpu::MatmulWeights{.float_panels = &*laid});
+        CacheRate(4.0 * static_cast<double>(cached.size()), shapes[0].cols,
+                  engine::cpu::MatmulWeights{.float_panels = &*laid}, rp);
       }
       results.emplace_back(std::string(name), std::move(r));
       results.emplace_back("fp32/panels", std::move(rp));
@@ -356,13 +401,13 @@ int Run() {
             .type = *type, .rows = kCacheRows, .cols = shapes[0].cols, .data = blocks.data()};
         absl::StatusOr<engine::cpu::PackedMatrix> packed = engine::cpu::PackedMatrix::Pack(m);
         if (!packed.ok()) return 1;  // the shapes above packed
-        r.cache_rate = CacheRate(static_cast<double>(packed->bytes()), shapes[0].cols,
-                                 engine::cpu::MatmulWeights{.panels = &*packed});
+        CacheRate(static_cast<double>(packed->bytes()), shapes[0].cols,
+                  engine::cpu::MatmulWeights{.panels = &*packed}, r);
         if (int8) {
           absl::StatusOr<engine::cpu::Int8Matrix> i8 = engine::cpu::Int8Matrix::Pack(m);
           if (!i8.ok()) return 1;
-          r8.cache_rate = CacheRate(static_cast<double>(i8->bytes()), shapes[0].cols,
-                                    engine::cpu::MatmulWeights{.int8 = &*i8});
+          CacheRate(static_cast<double>(i8->bytes()), shapes[0].cols,
+                    engine::cpu::MatmulWeights{.int8 = &*i8}, r8);
         }
       }
       if (int8) {
@@ -384,12 +429,13 @@ int Run() {
   std::printf(
       "memory read bandwidth, one probe pass before each timed pass: median %.1f GB/s (%.1f to "
       "%.1f), %.1f GB/s a thread; cache GB/s: one row against a %d-row matrix in cache, on one "
-      "thread\n",
+      "thread; of fma peak: its weights a second over the thread's, at 8 weights an fma\n",
       bandwidth / 1e9, bandwidths.front() / 1e9, bandwidths.back() / 1e9, bandwidth / threads / 1e9,
       kCacheRows);
   std::printf("%9s %10s %10s", "type", "MB", "floor ms");
   for (const int m : row_counts) std::printf(" %9s%-3d", "ms rows=", m);
-  std::printf(" %11s%-3d %8s %10s", "floor/rows=", row_counts[0], "best", "cache GB/s");
+  std::printf(" %11s%-3d %8s %10s %11s", "floor/rows=", row_counts[0], "best", "cache GB/s",
+              "of fma peak");
   if (!results.empty() && results[0].first == "fp32") std::printf(" %s", "speed vs fp32 by rows");
   std::printf("\n");
   for (const auto& [name, r] : results) {
@@ -398,8 +444,8 @@ int Run() {
     const bench::ProbePairs& first = r.timings[0];
     std::printf("%9s %10.1f %10.2f", name.c_str(), r.bytes / 1e6, r.bytes / first.bandwidth * 1e3);
     for (const bench::ProbePairs& t : r.timings) std::printf(" %12.2f", t.seconds * 1e3);
-    std::printf(" %13.1f%% %7.1f%% %10.1f", 100.0 * first.MedianShare(r.bytes),
-                100.0 * first.BestShare(r.bytes), r.cache_rate / 1e9);
+    std::printf(" %13.1f%% %7.1f%% %10.1f %10.1f%%", 100.0 * first.MedianShare(r.bytes),
+                100.0 * first.BestShare(r.bytes), r.cache_rate / 1e9, 100.0 * r.peak_share);
     if (results[0].first == "fp32") {
       for (size_t i = 0; i < r.timings.size(); ++i) {
         std::printf(" %.2fx", results[0].second.timings[i].seconds / r.timings[i].seconds);
