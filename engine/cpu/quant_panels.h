@@ -273,6 +273,11 @@ void RunsOf(const float* x, int64_t ldx, const float* sums, const float* unscale
           }
         }
       }
+      // The outputs stay in memory between sub-blocks, as in Tile: without
+      // this GCC 12 kept a second copy of them on the stack and stored
+      // both at every sub-block (coalesce-quant-bench's `of fma peak`:
+      // performance.md).
+      asm volatile("" ::: "memory");
     }
     for (int s = 0; s < kRuns; ++s) group[s] += w.group_bytes();
   }
