@@ -16,7 +16,7 @@
 // left out: at batch 1 and short contexts they are a small part of a step (coalesce-engine-bench
 // measures whole steps). Beside them, each type's arithmetic rate: one row against a matrix in
 // cache, on one thread (CacheRate), in bytes a second and as a share of the thread's fma peak
-// measured beside it (FmaPeak): the second does not move with the processor's clock.
+// measured beside it (FmaPeakOnce), which moves less from run to run on a shared machine.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -135,15 +135,15 @@ struct Result {
   double bytes = 0;
   std::vector<bench::ProbePairs> timings;  // per --rows entry
   double cache_rate = 0;                   // bytes/s: CacheRate
-  double peak_share = 0;                   // CacheRate's weights/s over FmaPeak's
+  double peak_share = 0;                   // CacheRate's weights/s over FmaPeakOnce's
 };
 
 // Seconds for `rounds` rounds of 12 independent fmas on 8 floats each: more
 // chains than an fma's latency times the fmas a cycle (4 x 2 on the AMD
 // and Intel cores of these machines), so the loop runs at the thread's fma
 // peak. The result goes to `sink`, so that none of it can be left out.
-// AVX2 and FMA, as the engine's kernels (this tool is built for any
-// x86-64; the engine refuses a processor without them).
+// AVX2 and FMA, as the engine's kernels (the engine is built for
+// x86-64-v3; this file is not).
 [[gnu::noinline, gnu::target("avx2,fma")]] double FmaLoopSeconds(int rounds, float* sink) {
   constexpr int kChains = 12;
   __m256 acc[kChains];
@@ -182,10 +182,10 @@ constexpr int kCacheRows = 256;
 // only where this is well above the memory's bandwidth a thread. And the
 // same as a share of the thread's fma peak (r.peak_share), each run of the
 // kernel followed by one of FmaPeakOnce, the best of each: on a shared
-// machine whose clock moves between runs, the share holds still where the
-// rate does not. The exact numerics' one-row kernels, one fma a weight,
-// reach 100% at most; the int8 ones, a multiply-add of 32 bytes a weight
-// pair, can pass it.
+// machine whose clock moves between runs, the share moves less than the
+// rate. The exact numerics' one-row kernels, one fma a weight, reach 100%
+// at most; the int8 ones multiply-add bytes, several weights an
+// instruction, and can pass it.
 template <typename Weights>
 void CacheRate(double bytes, int cols, Weights weights, Result& r) {
   engine::cpu::ThreadPool one(1);
