@@ -47,7 +47,8 @@ ABSL_FLAG(int, context, 128, "Tokens already in each sequence's cache when decod
 ABSL_FLAG(int, steps, 16, "Decode steps measured per batch size.");
 ABSL_FLAG(int, repeat, 1,
           "Decode the same --steps positions this many times (positions restart at --context "
-          "each time), for a longer measurement over the same context range.");
+          "each time), for a longer measurement over the same context range. Several variants "
+          "(--kv_cache_dtypes, --compare_quantized) take turns, a round of --steps each.");
 ABSL_FLAG(bool, sample, false,
           "Pick each sequence's next token greedily (Backend::StepAndSample) and feed it back, "
           "as the server's engine loop does, instead of logits only (Backend::Step).");
@@ -459,49 +460,60 @@ int Run() {
       std::iota(tables[b].begin(), tables[b].end(), b * blocks_per_seq);
     }
     double first_tps = 0;  // the first type's, at this batch size
-    for (size_t d = 0; d < dtypes.size(); ++d) {
+    // Each variant's batch: its tables' blocks filled, its tokens, and the
+    // seconds of its rounds.
+    const size_t variants = dtypes.size();
+    std::vector<std::vector<int32_t>> tokens(variants, std::vector<int32_t>(batch, 11));
+    std::vector<engine::SequenceStep> seqs(batch);
+    const std::vector<engine::SampleSpec> greedy(batch);
+    std::vector<int32_t> next(batch);
+    std::vector<double> variant_seconds(variants, 0.0);
+    for (size_t d = 0; d < variants; ++d) {
       engine::Backend& backend = *backends[d];
       // Prefill the first sequence's context and copy its blocks to the
       // others: a decode step's cost depends on how much each sequence has
       // cached, not on what.
-      {
-        std::vector<int32_t> tokens(context, 7);
-        engine::SequenceStep seq{context, 0, tables[0]};
-        logits.resize(config.vocab_size);
-        if (auto s = backend.Step({tokens, {&seq, 1}}, logits); !s.ok()) {
-          std::fprintf(stderr, "%s\n", s.ToString().c_str());
-          return 1;
-        }
-        std::vector<engine::BlockCopy> copies;
-        for (int b = 1; b < batch; ++b) {
-          for (int k = 0; k < blocks_per_seq; ++k) copies.push_back({tables[0][k], tables[b][k]});
-        }
-        if (auto s = backend.CopyBlocks(copies); !s.ok()) {
-          std::fprintf(stderr, "%s\n", s.ToString().c_str());
-          return 1;
-        }
+      std::vector<int32_t> prompt(context, 7);
+      engine::SequenceStep seq{context, 0, tables[0]};
+      logits.resize(config.vocab_size);
+      if (auto s = backend.Step({prompt, {&seq, 1}}, logits); !s.ok()) {
+        std::fprintf(stderr, "%s\n", s.ToString().c_str());
+        return 1;
       }
-      // Decode `steps` tokens for the whole batch, `repeat` times.
-      std::vector<int32_t> tokens(batch, 11);
-      std::vector<engine::SequenceStep> seqs(batch);
-      const std::vector<engine::SampleSpec> greedy(batch);
-      std::vector<int32_t> next(batch);
-      logits.resize(static_cast<size_t>(batch) * config.vocab_size);
-      const absl::Time start = absl::Now();
-      for (int r = 0; r < repeat; ++r) {
+      std::vector<engine::BlockCopy> copies;
+      for (int b = 1; b < batch; ++b) {
+        for (int k = 0; k < blocks_per_seq; ++k) copies.push_back({tables[0][k], tables[b][k]});
+      }
+      if (auto s = backend.CopyBlocks(copies); !s.ok()) {
+        std::fprintf(stderr, "%s\n", s.ToString().c_str());
+        return 1;
+      }
+    }
+    // Decode `steps` tokens for the whole batch, `repeat` rounds, the
+    // variants taking turns round by round: a change in the shared machine
+    // falls on all of them, not on whichever ran last.
+    logits.resize(static_cast<size_t>(batch) * config.vocab_size);
+    for (int r = 0; r < repeat; ++r) {
+      for (size_t d = 0; d < variants; ++d) {
+        engine::Backend& backend = *backends[d];
+        const absl::Time start = absl::Now();
         for (int step = 0; step < steps; ++step) {
           for (int b = 0; b < batch; ++b) seqs[b] = {1, context + step, tables[b]};
           const absl::Status s =
-              sample ? backend.StepAndSample({tokens, seqs}, greedy, std::span<int32_t>(next))
-                     : backend.Step({tokens, seqs}, logits);
+              sample ? backend.StepAndSample({tokens[d], seqs}, greedy, std::span<int32_t>(next))
+                     : backend.Step({tokens[d], seqs}, logits);
           if (!s.ok()) {
             std::fprintf(stderr, "%s\n", s.ToString().c_str());
             return 1;
           }
-          if (sample) tokens = next;
+          if (sample) tokens[d] = next;
         }
+        variant_seconds[d] += absl::ToDoubleSeconds(absl::Now() - start);
       }
-      const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    }
+    for (size_t d = 0; d < variants; ++d) {
+      engine::Backend& backend = *backends[d];
+      const double seconds = variant_seconds[d];
       const double tps = static_cast<double>(batch) * steps * repeat / seconds;
       if (base_tps[d] == 0) {
         base_tps[d] = tps;
@@ -514,8 +526,8 @@ int Run() {
       if (limits && batch == sizes.front()) {
         paired[d] = bench::TimeAfterProbePasses(*probe, kPairedSteps, [&](int step) {
           for (int b = 0; b < batch; ++b) seqs[b] = {1, context + step % steps, tables[b]};
-          return sample ? backend.StepAndSample({tokens, seqs}, greedy, std::span<int32_t>(next))
-                        : backend.Step({tokens, seqs}, logits);
+          return sample ? backend.StepAndSample({tokens[d], seqs}, greedy, std::span<int32_t>(next))
+                        : backend.Step({tokens[d], seqs}, logits);
         });
         if (!paired[d].status.ok()) {
           std::fprintf(stderr, "%s\n", paired[d].status.ToString().c_str());
