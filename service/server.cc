@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -13,6 +14,7 @@
 #include "common/log.h"
 #include "engine/cpu/memory_bandwidth.h"
 #include "engine/cpu/quant_int8.h"
+#include "engine/cpu/weight_memory.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "service/backend_factory.h"
@@ -143,6 +145,19 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
   const engine::KvCacheConfig& kv = b.kv_cache();
   const int64_t context_blocks = (config.max_seq_len + kv.block_size - 1) / kv.block_size;
   LogF(LogLevel::kInfo, "backend: %s", b.Describe());
+  if (b.name() == "cpu") {
+    // The laid-out weights ask for huge pages (engine/cpu/weight_memory.h);
+    // whether the kernel granted them shows here.
+    if (const std::optional<engine::cpu::HugePageUse> use = engine::cpu::ReadHugePageUse();
+        use.has_value() && use->resident_bytes > 0) {
+      LogF(LogLevel::kInfo, "weights: %.1f of %.1f MB laid out at load on huge pages%s",
+           use->huge_bytes / 1e6, use->resident_bytes / 1e6,
+           use->huge_bytes < use->resident_bytes / 2
+               ? " (/sys/kernel/mm/transparent_hugepage/enabled: `madvise` or `always` "
+                 "lets the kernel grant them; one stream decodes faster on them)"
+               : "");
+    }
+  }
   if (options.int8_activations && b.name() == "cpu" && !engine::cpu::Int8DotSupported()) {
     Log(LogLevel::kWarning,
         "--int8_activations: this processor has no AVX2; the quantized weights multiply "

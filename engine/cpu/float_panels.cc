@@ -13,8 +13,6 @@ namespace coalesce::engine::cpu {
 
 static_assert(FloatPanels::kRows == kPanel, "a laid-out panel is one panel of the product");
 
-void FloatPanels::Free::operator()(float* p) const { std::free(p); }
-
 absl::StatusOr<FloatPanels> FloatPanels::Pack(const float* w, int64_t rows, int64_t cols) {
   if (w == nullptr || rows <= 0 || cols <= 0 || rows > std::numeric_limits<int>::max() - kRows ||
       cols > std::numeric_limits<int>::max()) {
@@ -25,15 +23,16 @@ absl::StatusOr<FloatPanels> FloatPanels::Pack(const float* w, int64_t rows, int6
   out.rows_ = static_cast<int>(rows);
   out.cols_ = static_cast<int>(cols);
   const int64_t bytes = out.bytes();
-  // 64-byte aligned (the kernels' aligned loads), zeroed: padding rows are
-  // zero weights.
-  out.data_.reset(
-      static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((bytes + 63) / 64 * 64))));
-  if (out.data_ == nullptr) {
+  // 64-byte aligned (the kernels' aligned loads), zeroed (weight_memory.h):
+  // padding rows are zero weights.
+  absl::StatusOr<WeightMemory> memory = WeightMemory::Allocate(static_cast<size_t>(bytes));
+  if (!memory.ok()) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate ", bytes, " bytes for a float32 matrix's panels"));
+        absl::StrCat("cannot allocate ", bytes,
+                     " bytes for a float32 matrix's panels: ", memory.status().message()));
   }
-  float* data = out.data_.get();
+  out.data_ = *std::move(memory);
+  float* data = out.data_.as<float>();
   for (int p = 0; p < out.num_panels(); ++p) {
     float* panel = data + int64_t{p} * cols * kRows;
     const int64_t first = int64_t{p} * kRows;

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/thread_pool.h"
+#include "engine/cpu/weight_memory.h"
 
 namespace coalesce::engine::cpu {
 
@@ -39,16 +40,13 @@ class FloatPanels {
   int num_panels() const { return (rows_ + kRows - 1) / kRows; }
   int64_t bytes() const { return int64_t{num_panels()} * cols_ * kRows * sizeof(float); }
   // Panel p: [cols][32], 64-byte aligned.
-  const float* panel(int p) const { return data_.get() + int64_t{p} * cols_ * kRows; }
+  const float* panel(int p) const { return data_.as<float>() + int64_t{p} * cols_ * kRows; }
   // Row r (cols floats), as it was given to Pack: a tied embedding's lookup.
   void Row(int r, float* out) const;
 
  private:
-  struct Free {
-    void operator()(float* p) const;
-  };
   int rows_ = 0, cols_ = 0;
-  std::unique_ptr<float[], Free> data_;
+  WeightMemory data_;  // weight_memory.h
 };
 
 // y[i, j] = sum_k x[i, k] * w[j, k] for i < m, j < w.rows(): Matmul's bits

@@ -59,9 +59,9 @@ MemoryReadProbe::MemoryReadProbe(int threads, int streams, size_t bytes)
     : threads_(std::max(threads, 1)),
       streams_(std::clamp(streams, 1, 64)),
       floats_(std::max<size_t>(bytes / sizeof(float), 1)),
-      buffer_(new float[floats_]),
+      buffer_(cpu::WeightMemory::Allocate(floats_ * sizeof(float)).value()),
       pool_(std::make_unique<cpu::ThreadPool>(threads_)) {
-  FillOnes(buffer_.get(), floats_);
+  FillOnes(buffer_.as<float>(), floats_);
 }
 
 MemoryReadProbe::~MemoryReadProbe() = default;
@@ -71,7 +71,7 @@ double MemoryReadProbe::Pass() {
   const auto start = std::chrono::steady_clock::now();
   pool_->ParallelFor(threads_, [&](int t, int) {
     const size_t begin = floats_ * t / threads_, end = floats_ * (t + 1) / threads_;
-    sums[t] = SumFloats(buffer_.get() + begin, buffer_.get() + end, streams_);
+    sums[t] = SumFloats(buffer_.as<float>() + begin, buffer_.as<float>() + end, streams_);
   });
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

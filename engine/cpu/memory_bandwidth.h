@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "engine/cpu/thread_pool.h"
+#include "engine/cpu/weight_memory.h"
 
 namespace coalesce::engine {
 
@@ -16,7 +17,9 @@ namespace coalesce::engine {
 // caches, so what follows reads from memory.
 class MemoryReadProbe {
  public:
-  // `bytes` (256 MiB: far beyond any cache) allocated and written once.
+  // `bytes` (256 MiB: far beyond any cache) allocated and written once, as
+  // the weights are (weight_memory.h: in huge pages where the kernel grants
+  // them), so that the floor is what the machine delivers to them.
   explicit MemoryReadProbe(int threads, int streams_per_thread = 8,
                            size_t bytes = size_t{256} << 20);
   ~MemoryReadProbe();
@@ -29,7 +32,7 @@ class MemoryReadProbe {
  private:
   int threads_, streams_;
   size_t floats_;
-  std::unique_ptr<float[]> buffer_;
+  cpu::WeightMemory buffer_;
   // The threads that read, kept from pass to pass as an engine's are:
   // threads started for each pass made some passes read far slower
   // (docs/performance.md).

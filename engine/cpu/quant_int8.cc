@@ -125,8 +125,6 @@ bool Int8DotType(QuantType type) {
   return false;
 }
 
-void Int8Matrix::Free::operator()(uint8_t* p) const { std::free(p); }
-
 absl::StatusOr<Int8Matrix> Int8Matrix::Pack(const QuantizedMatrix& m) {
   const int file_block = QuantBlockSize(m.type);
   if (!Int8DotType(m.type) || m.data == nullptr || m.rows <= 0 || m.cols <= 0 ||
@@ -143,13 +141,14 @@ absl::StatusOr<Int8Matrix> Int8Matrix::Pack(const QuantizedMatrix& m) {
   out.header_bytes_ = Int8HeaderBytes(m.type);
   out.block_bytes_ = Int8BlockBytes(m.type);
   const int64_t total = out.bytes();
-  const size_t alloc = static_cast<size_t>((total + 63) / 64 * 64);
-  out.data_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, alloc)));
-  if (out.data_ == nullptr) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate ", total, " bytes for a ", QuantTypeName(m.type), " matrix"));
+  // 64-byte aligned, zeroed (weight_memory.h).
+  absl::StatusOr<WeightMemory> memory = WeightMemory::Allocate(static_cast<size_t>(total));
+  if (!memory.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", total, " bytes for a ",
+                                                     QuantTypeName(m.type),
+                                                     " matrix: ", memory.status().message()));
   }
-  std::memset(out.data_.get(), 0, alloc);
+  out.data_ = *std::move(memory);
   const int file_blocks = out.cols_ / file_block;
   const int64_t row_bytes = m.row_bytes();
   for (int r = 0; r < out.rows_; ++r) {

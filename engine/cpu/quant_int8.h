@@ -37,6 +37,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/cpu/thread_pool.h"
+#include "engine/cpu/weight_memory.h"
 #include "engine/model.h"
 
 namespace coalesce::engine::cpu {
@@ -124,7 +125,7 @@ class Int8Matrix {
     return (header_bytes_ + block_bytes_ * blocks_per_header_) * (cols_ / 32 / blocks_per_header_);
   }
   int64_t bytes() const { return group_bytes() * num_groups(); }
-  const uint8_t* group(int g) const { return data_.get() + g * group_bytes(); }
+  const uint8_t* group(int g) const { return data_.data() + g * group_bytes(); }
   // Block b (of 32 columns) of group g, and its header.
   const uint8_t* header(int g, int b) const {
     return group(g) +
@@ -139,14 +140,11 @@ class Int8Matrix {
   void DequantizeRow(int r, float* out) const;
 
  private:
-  struct Free {
-    void operator()(uint8_t* p) const;
-  };
   QuantType type_ = QuantType::kQ8_0;
   int rows_ = 0, cols_ = 0;
   int blocks_per_header_ = 1;
   int64_t header_bytes_ = 0, block_bytes_ = 0;
-  std::unique_ptr<uint8_t[], Free> data_;
+  WeightMemory data_;  // weight_memory.h
 };
 
 // Activations quantized per block of 32 (above): for row i and block b,

@@ -182,8 +182,6 @@ int64_t QuantGroupBytes(QuantType type) {
   return 0;
 }
 
-void PackedMatrix::Free::operator()(uint8_t* p) const { std::free(p); }
-
 absl::StatusOr<PackedMatrix> PackedMatrix::Pack(const QuantizedMatrix& m) {
   const int block = QuantBlockSize(m.type);
   if (m.data == nullptr || m.rows <= 0 || m.cols <= 0 || m.cols % block != 0 ||
@@ -200,20 +198,20 @@ absl::StatusOr<PackedMatrix> PackedMatrix::Pack(const QuantizedMatrix& m) {
   const int groups = out.cols_ / block;
   out.panel_bytes_ = out.group_bytes_ * groups;
   const int64_t total = out.panel_bytes_ * out.num_panels();
-  // 64-byte aligned, zeroed: padding rows are zero weights. 32 bytes more
-  // than the panels: a kernel's load of a Q6_K column reads 4 bytes past
-  // the last one (quant_panels.h's Q6Column).
-  const size_t alloc = static_cast<size_t>((total + 32 + 63) / 64 * 64);
-  out.data_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, alloc)));
-  if (out.data_ == nullptr) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate ", total, " bytes for a ", QuantTypeName(m.type), " matrix"));
+  // 64-byte aligned, zeroed (weight_memory.h): padding rows are zero
+  // weights. 32 bytes more than the panels: a kernel's load of a Q6_K
+  // column reads 4 bytes past the last one (quant_panels.h's Q6Column).
+  absl::StatusOr<WeightMemory> memory = WeightMemory::Allocate(static_cast<size_t>(total + 32));
+  if (!memory.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", total, " bytes for a ",
+                                                     QuantTypeName(m.type),
+                                                     " matrix: ", memory.status().message()));
   }
-  std::memset(out.data_.get(), 0, alloc);
+  out.data_ = *std::move(memory);
   const int64_t row_bytes = m.row_bytes();
   const int block_bytes = QuantBlockBytes(m.type);
   for (int r = 0; r < out.rows_; ++r) {
-    uint8_t* panel = out.data_.get() + (r / kQuantPanelRows) * out.panel_bytes_;
+    uint8_t* panel = out.data_.data() + (r / kQuantPanelRows) * out.panel_bytes_;
     const uint8_t* src = m.data + r * row_bytes;
     for (int g = 0; g < groups; ++g) {
       Place(m.type, DecodeQuantBlock(m.type, src + int64_t{g} * block_bytes), r % kQuantPanelRows,

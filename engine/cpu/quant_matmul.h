@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/thread_pool.h"
+#include "engine/cpu/weight_memory.h"
 #include "engine/model.h"
 
 namespace coalesce::engine::cpu {
@@ -79,7 +80,7 @@ class PackedMatrix {
   int64_t panel_bytes() const { return panel_bytes_; }
   int64_t bytes() const { return panel_bytes_ * num_panels(); }
   int num_panels() const { return (rows_ + kQuantPanelRows - 1) / kQuantPanelRows; }
-  const uint8_t* panel(int p) const { return data_.get() + p * panel_bytes_; }
+  const uint8_t* panel(int p) const { return data_.data() + p * panel_bytes_; }
 
   // Row r's dequantized weights (cols floats), one at a time: the embedding
   // lookup of a quantized embedding, and the tests' reference.
@@ -90,13 +91,10 @@ class PackedMatrix {
   void RowCodes(int r, float* q, float* dl, float* ml) const;
 
  private:
-  struct Free {
-    void operator()(uint8_t* p) const;
-  };
   QuantType type_ = QuantType::kQ8_0;
   int rows_ = 0, cols_ = 0;
   int64_t group_bytes_ = 0, panel_bytes_ = 0;
-  std::unique_ptr<uint8_t[], Free> data_;
+  WeightMemory data_;  // weight_memory.h
 };
 
 // Bytes of one group of `type` (above).

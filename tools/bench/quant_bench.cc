@@ -43,6 +43,7 @@
 #include "engine/cpu/quant_int8.h"
 #include "engine/cpu/quant_matmul.h"
 #include "engine/cpu/thread_pool.h"
+#include "engine/cpu/weight_memory.h"
 #include "engine/model/load.h"
 #include "engine/sampler.h"
 #include "tools/bench/probe_pairs.h"
@@ -62,6 +63,9 @@ ABSL_FLAG(std::string, code_floats, "measured",
           "How the one- and two-row kernels make floats of 4- and 6-bit codes: measured (the "
           "engine's choice, cpu/quant_matmul.h's QuantCodeFloats), converted or subnormal.");
 
+ABSL_FLAG(bool, huge_pages, true,
+          "Weights (and the bandwidth probe's buffer) in memory that asks for transparent huge "
+          "pages (the engine's way, cpu/weight_memory.h); false refuses them.");
 ABSL_FLAG(int, quant_tasks_per_thread, 0,
           "Tasks a thread takes of a quantized product of one row (0: the engine's, one).");
 
@@ -268,6 +272,7 @@ int Run() {
   if (const int tasks = absl::GetFlag(FLAGS_quant_tasks_per_thread); tasks > 0) {
     engine::cpu::SetQuantTasksPerThread(tasks);
   }
+  engine::cpu::SetWeightHugePages(absl::GetFlag(FLAGS_huge_pages));
   engine::cpu::ThreadPool pool(threads);
   const std::vector<Shape> shapes = StepMatrices(config);
   int max_cols = 0, max_rows = 0;
@@ -296,6 +301,14 @@ int Run() {
                                                                             : "converted",
       engine::cpu::QuantTasksPerThread(1));
   engine::MemoryReadProbe probe(threads);
+  // The probe's buffer is weight memory too: whether the kernel grants its
+  // huge pages says what the weights get.
+  if (const std::optional<engine::cpu::HugePageUse> use = engine::cpu::ReadHugePageUse();
+      use.has_value()) {
+    std::printf("huge pages (--huge_pages=%s): %.1f of the probe's %.1f MB in memory\n",
+                absl::GetFlag(FLAGS_huge_pages) ? "true" : "false", use->huge_bytes / 1e6,
+                use->resident_bytes / 1e6);
+  }
   std::vector<std::pair<std::string, Result>> results;
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_types), ',')) {
     Result r;
