@@ -186,10 +186,12 @@ inline constexpr int kMatvecRuns = QuantPanelsPerUnit(1);
 
 // How far ahead of the bytes it reads a one-row kernel asks for memory:
 // past a panel's end come the next one's groups (the panels of a run lie
-// one after another).
-inline int64_t PrefetchDistance(const PackedMatrix& w) {
-  return std::max<int64_t>(4096, 2 * w.group_bytes());
-}
+// one after another). 2 KiB for every type: on an AMD EPYC (Zen 3) with the
+// weights in huge pages, Q4_K's and Q6_K's one-row steps came a few points
+// nearer their floor than with two groups (9 and 13 KiB) ahead, the other
+// types' the same within the noise (performance.md); 3 KiB and more was
+// slower, 1 to 1.5 KiB no faster.
+inline constexpr int64_t kPrefetchDistance = 2048;
 
 // Asks for the line at p. Forced inline: GCC 12 drops a call whose only
 // effect is a prefetch (a lambda or an inline function it does not
@@ -203,7 +205,7 @@ inline int64_t PrefetchDistance(const PackedMatrix& w) {
 // lockstep: each sub-block's codes go from their bytes into one chain per
 // output (t), which then settles into the output (in `out`, in memory: 16
 // vector registers hold the chains and the codes). Every 2 columns each
-// run asks for one line, PrefetchDistance ahead, stepping through its
+// run asks for one line, kPrefetchDistance ahead, stepping through its
 // group's bytes as the columns step through the group: spread out, not a
 // burst of lines at each sub-block (which cost time even in cache). With
 // kSubnormal the codes are subnormal floats (Codes), x holds X's rows times
@@ -221,7 +223,7 @@ void RunsOf(const float* x, int64_t ldx, const float* sums, const float* unscale
   alignas(32) float out[kRuns][kNx][kPanel] = {};
   // Bytes of a group per 2 columns (rounded down: a line a group may go
   // unasked, and the processor's own prefetcher follows the stream anyway).
-  const int64_t distance = PrefetchDistance(w), step = w.group_bytes() / (kGroup / 2);
+  const int64_t distance = kPrefetchDistance, step = w.group_bytes() / (kGroup / 2);
   GroupScales shared[kRuns];
   for (int gi = 0; gi < groups; ++gi) {
     if constexpr (kSubs > 1) {
