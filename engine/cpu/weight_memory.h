@@ -5,8 +5,9 @@
 // A decode step reads every weight once, front to back, and a 4 KiB page is
 // a TLB entry (and a page walk) every 64 cache lines; the processor's own
 // prefetcher also stops at each 4 KiB boundary. On a 2 MiB page both go
-// away: one sequential stream a thread reads about a fifth faster, two a
-// tenth (docs/performance.md). A model's matrices are mostly far smaller
+// away, and a step that reads a few streams a thread, as the one-row
+// kernels do, comes nearer the memory's bandwidth more often
+// (docs/performance.md). A model's matrices are mostly far smaller
 // than 2 MiB (a 576 x 576 Q4_1 matrix is 207 KB), so each gets no huge page
 // of its own: they are carved one after another out of slabs of 32 MiB (or
 // the request rounded up to 2 MiB, if larger), 2 MiB aligned, that the
