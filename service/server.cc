@@ -12,9 +12,9 @@
 #include "absl/time/clock.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "engine/cpu/huge_page_memory.h"
 #include "engine/cpu/memory_bandwidth.h"
 #include "engine/cpu/quant_int8.h"
-#include "engine/cpu/weight_memory.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "service/backend_factory.h"
@@ -146,15 +146,16 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
   const int64_t context_blocks = (config.max_seq_len + kv.block_size - 1) / kv.block_size;
   LogF(LogLevel::kInfo, "backend: %s", b.Describe());
   if (b.name() == "cpu") {
-    // The laid-out weights ask for huge pages (engine/cpu/weight_memory.h);
-    // whether the kernel granted them shows here.
+    // The laid-out weights and the KV cache ask for huge pages
+    // (engine/cpu/huge_page_memory.h); whether the kernel granted them shows
+    // here, before any KV block is written: the weights'.
     if (const std::optional<engine::cpu::HugePageUse> use = engine::cpu::ReadHugePageUse();
         use.has_value() && use->resident_bytes > 0) {
       LogF(LogLevel::kInfo, "weights: %.1f of %.1f MB laid out at load on huge pages%s",
            use->huge_bytes / 1e6, use->resident_bytes / 1e6,
            use->huge_bytes < use->resident_bytes / 2
                ? " (/sys/kernel/mm/transparent_hugepage/enabled: `madvise` or `always` "
-                 "lets the kernel grant them; one stream decodes faster on them)"
+                 "lets the kernel grant them; decoding reads faster from them)"
                : "");
     }
   }

@@ -23,9 +23,9 @@ absl::StatusOr<FloatPanels> FloatPanels::Pack(const float* w, int64_t rows, int6
   out.rows_ = static_cast<int>(rows);
   out.cols_ = static_cast<int>(cols);
   const int64_t bytes = out.bytes();
-  // 64-byte aligned (the kernels' aligned loads), zeroed (weight_memory.h):
+  // 64-byte aligned (the kernels' aligned loads), zeroed (huge_page_memory.h):
   // padding rows are zero weights.
-  absl::StatusOr<WeightMemory> memory = WeightMemory::Allocate(static_cast<size_t>(bytes));
+  absl::StatusOr<HugePageMemory> memory = HugePageMemory::Allocate(static_cast<size_t>(bytes));
   if (!memory.ok()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate ", bytes,

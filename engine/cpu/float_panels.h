@@ -18,9 +18,9 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "engine/cpu/huge_page_memory.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/thread_pool.h"
-#include "engine/cpu/weight_memory.h"
 
 namespace coalesce::engine::cpu {
 
@@ -46,7 +46,7 @@ class FloatPanels {
 
  private:
   int rows_ = 0, cols_ = 0;
-  WeightMemory data_;  // weight_memory.h
+  HugePageMemory data_;  // huge_page_memory.h
 };
 
 // y[i, j] = sum_k x[i, k] * w[j, k] for i < m, j < w.rows(): Matmul's bits

@@ -59,7 +59,7 @@ MemoryReadProbe::MemoryReadProbe(int threads, int streams, size_t bytes)
     : threads_(std::max(threads, 1)),
       streams_(std::clamp(streams, 1, 64)),
       floats_(std::max<size_t>(bytes / sizeof(float), 1)),
-      buffer_(cpu::WeightMemory::Allocate(floats_ * sizeof(float)).value()),
+      buffer_(cpu::HugePageMemory::Allocate(floats_ * sizeof(float)).value()),
       pool_(std::make_unique<cpu::ThreadPool>(threads_)) {
   FillOnes(buffer_.as<float>(), floats_);
 }

@@ -5,8 +5,8 @@
 #include <cstddef>
 #include <memory>
 
+#include "engine/cpu/huge_page_memory.h"
 #include "engine/cpu/thread_pool.h"
-#include "engine/cpu/weight_memory.h"
 
 namespace coalesce::engine {
 
@@ -18,7 +18,7 @@ namespace coalesce::engine {
 class MemoryReadProbe {
  public:
   // `bytes` (256 MiB: far beyond any cache) allocated and written once, as
-  // the weights are (weight_memory.h: in huge pages where the kernel grants
+  // the weights are (huge_page_memory.h: in huge pages where the kernel grants
   // them), so that the floor is what the machine delivers to them.
   explicit MemoryReadProbe(int threads, int streams_per_thread = 8,
                            size_t bytes = size_t{256} << 20);
@@ -32,7 +32,7 @@ class MemoryReadProbe {
  private:
   int threads_, streams_;
   size_t floats_;
-  cpu::WeightMemory buffer_;
+  cpu::HugePageMemory buffer_;
   // The threads that read, kept from pass to pass as an engine's are:
   // threads started for each pass made some passes read far slower
   // (docs/performance.md).

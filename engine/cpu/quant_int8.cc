@@ -141,8 +141,8 @@ absl::StatusOr<Int8Matrix> Int8Matrix::Pack(const QuantizedMatrix& m) {
   out.header_bytes_ = Int8HeaderBytes(m.type);
   out.block_bytes_ = Int8BlockBytes(m.type);
   const int64_t total = out.bytes();
-  // 64-byte aligned, zeroed (weight_memory.h).
-  absl::StatusOr<WeightMemory> memory = WeightMemory::Allocate(static_cast<size_t>(total));
+  // 64-byte aligned, zeroed (huge_page_memory.h).
+  absl::StatusOr<HugePageMemory> memory = HugePageMemory::Allocate(static_cast<size_t>(total));
   if (!memory.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", total, " bytes for a ",
                                                      QuantTypeName(m.type),

@@ -36,8 +36,8 @@
 #include <type_traits>
 
 #include "absl/status/statusor.h"
+#include "engine/cpu/huge_page_memory.h"
 #include "engine/cpu/thread_pool.h"
-#include "engine/cpu/weight_memory.h"
 #include "engine/model.h"
 
 namespace coalesce::engine::cpu {
@@ -144,7 +144,7 @@ class Int8Matrix {
   int rows_ = 0, cols_ = 0;
   int blocks_per_header_ = 1;
   int64_t header_bytes_ = 0, block_bytes_ = 0;
-  WeightMemory data_;  // weight_memory.h
+  HugePageMemory data_;  // huge_page_memory.h
 };
 
 // Activations quantized per block of 32 (above): for row i and block b,

@@ -198,10 +198,10 @@ absl::StatusOr<PackedMatrix> PackedMatrix::Pack(const QuantizedMatrix& m) {
   const int groups = out.cols_ / block;
   out.panel_bytes_ = out.group_bytes_ * groups;
   const int64_t total = out.panel_bytes_ * out.num_panels();
-  // 64-byte aligned, zeroed (weight_memory.h): padding rows are zero
+  // 64-byte aligned, zeroed (huge_page_memory.h): padding rows are zero
   // weights. 32 bytes more than the panels: a kernel's load of a Q6_K
   // column reads 4 bytes past the last one (quant_panels.h's Q6Column).
-  absl::StatusOr<WeightMemory> memory = WeightMemory::Allocate(static_cast<size_t>(total + 32));
+  absl::StatusOr<HugePageMemory> memory = HugePageMemory::Allocate(static_cast<size_t>(total + 32));
   if (!memory.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", total, " bytes for a ",
                                                      QuantTypeName(m.type),

@@ -36,9 +36,9 @@
 #include <optional>
 
 #include "absl/status/statusor.h"
+#include "engine/cpu/huge_page_memory.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/thread_pool.h"
-#include "engine/cpu/weight_memory.h"
 #include "engine/model.h"
 
 namespace coalesce::engine::cpu {
@@ -94,7 +94,7 @@ class PackedMatrix {
   QuantType type_ = QuantType::kQ8_0;
   int rows_ = 0, cols_ = 0;
   int64_t group_bytes_ = 0, panel_bytes_ = 0;
-  WeightMemory data_;  // weight_memory.h
+  HugePageMemory data_;  // huge_page_memory.h
 };
 
 // Bytes of one group of `type` (above).

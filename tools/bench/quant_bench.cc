@@ -36,6 +36,7 @@
 #include "absl/time/clock.h"
 #include "common/flags.h"
 #include "engine/cpu/float_panels.h"
+#include "engine/cpu/huge_page_memory.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/kv_quant.h"
 #include "engine/cpu/memory_bandwidth.h"
@@ -43,7 +44,6 @@
 #include "engine/cpu/quant_int8.h"
 #include "engine/cpu/quant_matmul.h"
 #include "engine/cpu/thread_pool.h"
-#include "engine/cpu/weight_memory.h"
 #include "engine/model/load.h"
 #include "engine/sampler.h"
 #include "tools/bench/probe_pairs.h"
@@ -65,7 +65,7 @@ ABSL_FLAG(std::string, code_floats, "measured",
 
 ABSL_FLAG(bool, huge_pages, true,
           "Weights (and the bandwidth probe's buffer) in memory that asks for transparent huge "
-          "pages (the engine's way, cpu/weight_memory.h); false refuses them.");
+          "pages (the engine's way, cpu/huge_page_memory.h); false refuses them.");
 ABSL_FLAG(int, quant_tasks_per_thread, 0,
           "Tasks a thread takes of a quantized product of one row (0: the engine's, one).");
 
@@ -272,7 +272,7 @@ int Run() {
   if (const int tasks = absl::GetFlag(FLAGS_quant_tasks_per_thread); tasks > 0) {
     engine::cpu::SetQuantTasksPerThread(tasks);
   }
-  engine::cpu::SetWeightHugePages(absl::GetFlag(FLAGS_huge_pages));
+  engine::cpu::SetHugePages(absl::GetFlag(FLAGS_huge_pages));
   engine::cpu::ThreadPool pool(threads);
   const std::vector<Shape> shapes = StepMatrices(config);
   int max_cols = 0, max_rows = 0;

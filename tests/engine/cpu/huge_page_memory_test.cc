@@ -1,9 +1,9 @@
-// Weight memory (cpu/weight_memory.h): buffers carved from huge-page slabs
+// Huge-page memory (cpu/huge_page_memory.h): buffers carved from huge-page slabs
 // come zeroed, aligned and apart; a slab lives as long as a buffer in it and
 // is unmapped with its last one; the kernel is asked for huge pages; and,
 // under AddressSanitizer, a read past a buffer or after its release is still
 // reported although the slab is one mapping.
-#include "engine/cpu/weight_memory.h"
+#include "engine/cpu/huge_page_memory.h"
 
 #include <gtest/gtest.h>
 
@@ -26,13 +26,13 @@ namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
 
-WeightMemory MustAllocate(size_t bytes) {
-  absl::StatusOr<WeightMemory> memory = WeightMemory::Allocate(bytes);
+HugePageMemory MustAllocate(size_t bytes) {
+  absl::StatusOr<HugePageMemory> memory = HugePageMemory::Allocate(bytes);
   EXPECT_TRUE(memory.ok()) << memory.status();
-  return memory.ok() ? *std::move(memory) : WeightMemory();
+  return memory.ok() ? *std::move(memory) : HugePageMemory();
 }
 
-bool AllZero(const WeightMemory& m) {
+bool AllZero(const HugePageMemory& m) {
   for (size_t i = 0; i < m.size(); ++i) {
     if (m.data()[i] != 0) return false;
   }
@@ -50,12 +50,12 @@ std::string HugePagesMode() {
   return line.substr(open + 1, close - open - 1);
 }
 
-TEST(WeightMemoryTest, BuffersAreZeroedAlignedAndApart) {
-  std::vector<WeightMemory> buffers;
+TEST(HugePageMemoryTest, BuffersAreZeroedAlignedAndApart) {
+  std::vector<HugePageMemory> buffers;
   const size_t sizes[] = {1, 13, 64, 65, 4096, 207360, 3 * kMiB + 5, 40 * kMiB};
   for (const size_t size : sizes) {
     buffers.push_back(MustAllocate(size));
-    const WeightMemory& m = buffers.back();
+    const HugePageMemory& m = buffers.back();
     ASSERT_NE(m.data(), nullptr) << size;
     EXPECT_EQ(m.size(), size);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(m.data()) % 64, 0u) << size;
@@ -73,39 +73,39 @@ TEST(WeightMemoryTest, BuffersAreZeroedAlignedAndApart) {
   }
 }
 
-TEST(WeightMemoryTest, ZeroBytesIsStillABuffer) {
-  WeightMemory m = MustAllocate(0);
+TEST(HugePageMemoryTest, ZeroBytesIsStillABuffer) {
+  HugePageMemory m = MustAllocate(0);
   ASSERT_NE(m.data(), nullptr);
   EXPECT_EQ(m.size(), 1u);
   EXPECT_EQ(m.data()[0], 0);
 }
 
-TEST(WeightMemoryTest, AMovedBufferKeepsItsBytesAndTheSourceIsEmpty) {
-  WeightMemory a = MustAllocate(1000);
+TEST(HugePageMemoryTest, AMovedBufferKeepsItsBytesAndTheSourceIsEmpty) {
+  HugePageMemory a = MustAllocate(1000);
   a.data()[999] = 7;
   uint8_t* const where = a.data();
-  WeightMemory b = std::move(a);
+  HugePageMemory b = std::move(a);
   EXPECT_EQ(a.data(), nullptr);  // NOLINT(bugprone-use-after-move): the contract
   EXPECT_EQ(a.size(), 0u);       // NOLINT(bugprone-use-after-move)
   EXPECT_EQ(b.data(), where);
   EXPECT_EQ(b.data()[999], 7);
-  WeightMemory c = MustAllocate(10);
+  HugePageMemory c = MustAllocate(10);
   c = std::move(b);
   EXPECT_EQ(c.data(), where);
   EXPECT_EQ(c.size(), 1000u);
 }
 
-TEST(WeightMemoryTest, ASlabLivesAsLongAsItsLastBuffer) {
+TEST(HugePageMemoryTest, ASlabLivesAsLongAsItsLastBuffer) {
   // Two small buffers share a slab: the first one's release leaves the
   // second readable and writable.
-  auto first = std::make_unique<WeightMemory>(MustAllocate(4096));
-  WeightMemory second = MustAllocate(4096);
+  auto first = std::make_unique<HugePageMemory>(MustAllocate(4096));
+  HugePageMemory second = MustAllocate(4096);
   first.reset();
   std::fill_n(second.data(), second.size(), uint8_t{3});
   EXPECT_EQ(second.data()[4095], 3);
 }
 
-TEST(WeightMemoryTest, SlabsAreAdvisedForHugePagesAndUnmappedWithTheirLastBuffer) {
+TEST(HugePageMemoryTest, SlabsAreAdvisedForHugePagesAndUnmappedWithTheirLastBuffer) {
   if (HugePagesMode().empty()) {
     GTEST_SKIP() << "this kernel has no transparent huge pages "
                     "(/sys/kernel/mm/transparent_hugepage/enabled is missing)";
@@ -114,7 +114,7 @@ TEST(WeightMemoryTest, SlabsAreAdvisedForHugePagesAndUnmappedWithTheirLastBuffer
   if (!before.has_value()) GTEST_SKIP() << "/proc/self/smaps cannot be read here";
   {
     // Larger than a slab: a slab of its own, 64 MiB, all of it written.
-    WeightMemory big = MustAllocate(64 * kMiB);
+    HugePageMemory big = MustAllocate(64 * kMiB);
     std::fill_n(big.data(), big.size(), uint8_t{1});
     const std::optional<HugePageUse> during = ReadHugePageUse();
     ASSERT_TRUE(during.has_value());
@@ -134,17 +134,17 @@ TEST(WeightMemoryTest, SlabsAreAdvisedForHugePagesAndUnmappedWithTheirLastBuffer
   EXPECT_LT(after->mapped_bytes - before->mapped_bytes, static_cast<int64_t>(32 * kMiB));
 }
 
-TEST(WeightMemoryTest, HugePagesRefusedOnRequest) {
+TEST(HugePageMemoryTest, HugePagesRefusedOnRequest) {
   if (HugePagesMode().empty()) {
     GTEST_SKIP() << "this kernel has no transparent huge pages "
                     "(/sys/kernel/mm/transparent_hugepage/enabled is missing)";
   }
   const std::optional<HugePageUse> before = ReadHugePageUse();
   if (!before.has_value()) GTEST_SKIP() << "/proc/self/smaps cannot be read here";
-  ASSERT_TRUE(WeightHugePages());
-  SetWeightHugePages(false);
+  ASSERT_TRUE(HugePagesOn());
+  SetHugePages(false);
   {
-    WeightMemory big = MustAllocate(64 * kMiB);
+    HugePageMemory big = MustAllocate(64 * kMiB);
     std::fill_n(big.data(), big.size(), uint8_t{1});
     const std::optional<HugePageUse> during = ReadHugePageUse();
     ASSERT_TRUE(during.has_value());
@@ -152,18 +152,18 @@ TEST(WeightMemoryTest, HugePagesRefusedOnRequest) {
     EXPECT_GE(during->mapped_bytes - before->mapped_bytes, static_cast<int64_t>(64 * kMiB));
     EXPECT_EQ(during->huge_bytes, before->huge_bytes);
   }
-  SetWeightHugePages(true);
-  EXPECT_TRUE(WeightHugePages());
+  SetHugePages(true);
+  EXPECT_TRUE(HugePagesOn());
 }
 
-TEST(WeightMemoryTest, ThreadsAllocatingTogetherGetBuffersApart) {
+TEST(HugePageMemoryTest, ThreadsAllocatingTogetherGetBuffersApart) {
   constexpr int kThreads = 4, kEach = 500;
-  std::vector<std::vector<WeightMemory>> got(kThreads);
+  std::vector<std::vector<HugePageMemory>> got(kThreads);
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([t, &got] {
       for (int i = 0; i < kEach; ++i) {
-        absl::StatusOr<WeightMemory> m = WeightMemory::Allocate(100 + i);
+        absl::StatusOr<HugePageMemory> m = HugePageMemory::Allocate(100 + i);
         if (!m.ok()) return;
         std::fill_n(m->data(), m->size(), static_cast<uint8_t>(t + 1));
         got[t].push_back(*std::move(m));
@@ -173,25 +173,25 @@ TEST(WeightMemoryTest, ThreadsAllocatingTogetherGetBuffersApart) {
   for (std::thread& thread : threads) thread.join();
   for (int t = 0; t < kThreads; ++t) {
     ASSERT_EQ(got[t].size(), static_cast<size_t>(kEach));
-    for (const WeightMemory& m : got[t]) {
+    for (const HugePageMemory& m : got[t]) {
       for (size_t i = 0; i < m.size(); ++i) ASSERT_EQ(m.data()[i], t + 1);
     }
   }
 }
 
 #ifdef COALESCE_TEST_ASAN
-TEST(WeightMemoryDeathTest, AReadPastABufferIsReported) {
-  WeightMemory m = MustAllocate(100);
-  WeightMemory next = MustAllocate(100);  // right after it in the slab
+TEST(HugePageMemoryDeathTest, AReadPastABufferIsReported) {
+  HugePageMemory m = MustAllocate(100);
+  HugePageMemory next = MustAllocate(100);  // right after it in the slab
   volatile uint8_t* p = m.data();
   EXPECT_DEATH(p[m.size() + 8] = 1, "AddressSanitizer");
 }
 
-TEST(WeightMemoryDeathTest, AReadAfterReleaseIsReported) {
-  WeightMemory keep = MustAllocate(100);  // keeps the slab mapped
+TEST(HugePageMemoryDeathTest, AReadAfterReleaseIsReported) {
+  HugePageMemory keep = MustAllocate(100);  // keeps the slab mapped
   volatile uint8_t* p;
   {
-    WeightMemory m = MustAllocate(100);
+    HugePageMemory m = MustAllocate(100);
     p = m.data();
   }
   EXPECT_DEATH(p[0] = 1, "AddressSanitizer");

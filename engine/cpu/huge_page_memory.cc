@@ -1,4 +1,4 @@
-#include "engine/cpu/weight_memory.h"
+#include "engine/cpu/huge_page_memory.h"
 
 #include <sys/mman.h>
 
@@ -14,9 +14,11 @@
 #include "absl/strings/str_cat.h"
 
 // AddressSanitizer cannot see into the slabs (one mapping, many buffers), so
-// they are poisoned by hand: all of a slab at first, each buffer unpoisoned
-// while it lives, with a poisoned gap after it, so that a read past a
-// buffer's end or after its release is still reported.
+// they are poisoned by hand: a gap after each buffer, and a released buffer
+// while its slab lives on, so that a read past a buffer's end or after its
+// release is still reported (past the slab's unmapping, the read faults).
+// Never the whole of a slab: poisoning writes an eighth of the bytes'
+// worth of shadow, and a KV cache may be gigabytes.
 #if defined(__SANITIZE_ADDRESS__)
 #define COALESCE_ASAN 1
 #elif defined(__has_feature)
@@ -63,7 +65,7 @@ void Unpoison(const void* p, size_t n) {
 
 }  // namespace
 
-struct WeightMemory::Slab {
+struct HugePageMemory::Slab {
   uint8_t* base = nullptr;
   size_t bytes = 0;
 
@@ -71,7 +73,7 @@ struct WeightMemory::Slab {
   Slab(const Slab&) = delete;
   Slab& operator=(const Slab&) = delete;
   ~Slab() {
-    Unpoison(base, bytes);
+    Unpoison(base, bytes);  // for what is mapped here next
     munmap(base, bytes);
   }
 
@@ -88,7 +90,6 @@ struct WeightMemory::Slab {
     // A hint: where huge pages are off it fails or is ignored, and the slab
     // is ordinary memory.
     madvise(base, bytes, huge_pages.load() ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
-    Poison(base, bytes);
     return std::make_shared<Slab>(base, bytes);
   }
 };
@@ -99,7 +100,7 @@ namespace {
 // Held weakly: a slab goes when its last buffer does.
 struct Carver {
   std::mutex mu;
-  std::weak_ptr<WeightMemory::Slab> current;
+  std::weak_ptr<HugePageMemory::Slab> current;
   size_t used = 0;
 };
 
@@ -110,7 +111,7 @@ Carver& TheCarver() {
 
 }  // namespace
 
-void SetWeightHugePages(bool on) {
+void SetHugePages(bool on) {
   Carver& carver = TheCarver();
   std::lock_guard<std::mutex> lock(carver.mu);
   huge_pages.store(on);
@@ -118,13 +119,13 @@ void SetWeightHugePages(bool on) {
   carver.used = 0;
 }
 
-bool WeightHugePages() { return huge_pages.load(); }
+bool HugePagesOn() { return huge_pages.load(); }
 
-absl::StatusOr<WeightMemory> WeightMemory::Allocate(size_t bytes) {
+absl::StatusOr<HugePageMemory> HugePageMemory::Allocate(size_t bytes) {
   const size_t size = std::max<size_t>(bytes, 1);
   const size_t span = RoundUp(size, kAlign) + kGap;
   if (span < size) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " weight bytes"));
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
   }
   Carver& carver = TheCarver();
   std::shared_ptr<Slab> slab;
@@ -134,13 +135,12 @@ absl::StatusOr<WeightMemory> WeightMemory::Allocate(size_t bytes) {
     slab = carver.current.lock();
     if (slab == nullptr || slab->bytes - carver.used < span) {
       if (span > SIZE_MAX - kHugePage * 2) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("cannot allocate ", bytes, " weight bytes"));
+        return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
       }
       slab = Slab::Map(std::max(kSlabBytes, RoundUp(span, kHugePage)));
       if (slab == nullptr) {
         return absl::ResourceExhaustedError(
-            absl::StrCat("cannot map ", RoundUp(span, kHugePage), " bytes for weights"));
+            absl::StrCat("cannot map ", RoundUp(span, kHugePage), " bytes"));
       }
       carver.current = slab;
       carver.used = 0;
@@ -148,20 +148,20 @@ absl::StatusOr<WeightMemory> WeightMemory::Allocate(size_t bytes) {
     offset = carver.used;
     carver.used += span;
   }
-  WeightMemory out;
+  HugePageMemory out;
   out.slab_ = std::move(slab);
   out.data_ = out.slab_->base + offset;
   out.size_ = size;
-  Unpoison(out.data_, size);
+  Poison(out.data_ + size, span - size);  // the rest of its 64 bytes, and the gap
   return out;
 }
 
-WeightMemory::WeightMemory(WeightMemory&& other) noexcept
+HugePageMemory::HugePageMemory(HugePageMemory&& other) noexcept
     : slab_(std::move(other.slab_)),
       data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)) {}
 
-WeightMemory& WeightMemory::operator=(WeightMemory&& other) noexcept {
+HugePageMemory& HugePageMemory::operator=(HugePageMemory&& other) noexcept {
   if (this != &other) {
     Release();
     slab_ = std::move(other.slab_);
@@ -171,10 +171,13 @@ WeightMemory& WeightMemory::operator=(WeightMemory&& other) noexcept {
   return *this;
 }
 
-WeightMemory::~WeightMemory() { Release(); }
+HugePageMemory::~HugePageMemory() { Release(); }
 
-void WeightMemory::Release() {
-  if (data_ != nullptr) Poison(data_, size_);
+void HugePageMemory::Release() {
+  // Not when this is the slab's last buffer: it goes now, and a read then
+  // faults (the count is a hint under threads: at worst a release is not
+  // poisoned, or a slab about to go is).
+  if (data_ != nullptr && slab_.use_count() > 1) Poison(data_, size_);
   data_ = nullptr;
   size_ = 0;
   slab_.reset();
