@@ -146,9 +146,8 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
   const int64_t context_blocks = (config.max_seq_len + kv.block_size - 1) / kv.block_size;
   LogF(LogLevel::kInfo, "backend: %s", b.Describe());
   if (b.name() == "cpu") {
-    // The laid-out weights and the KV cache ask for huge pages
-    // (engine/cpu/huge_page_memory.h); whether the kernel granted them shows
-    // here, before any KV block is written: the weights'.
+    // The laid-out weights ask for huge pages (engine/cpu/huge_page_memory.h);
+    // whether the kernel granted them shows here.
     if (const std::optional<engine::cpu::HugePageUse> use = engine::cpu::ReadHugePageUse();
         use.has_value() && use->resident_bytes > 0) {
       LogF(LogLevel::kInfo, "weights: %.1f of %.1f MB laid out at load on huge pages%s",

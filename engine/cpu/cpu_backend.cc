@@ -20,7 +20,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/cpu/float_panels.h"
-#include "engine/cpu/huge_page_memory.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/kv_quant.h"
 #include "engine/cpu/products.h"
@@ -31,6 +30,19 @@
 
 namespace coalesce::engine {
 namespace {
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+// calloc of a large size maps fresh zero pages: no time spent touching a
+// pool that may be gigabytes, and never-written slots read as 0 (in every
+// KV type, an int8 slot's scale included), not NaN.
+template <typename T>
+std::unique_ptr<T[], FreeDeleter> Zeroed(int64_t count) {
+  return std::unique_ptr<T[], FreeDeleter>(
+      static_cast<T*>(std::calloc(std::max<int64_t>(count, 1), sizeof(T))));
+}
 
 // The attention kernels (kernels.h) for the cache's element type T; `scales`
 // is read for int8 only.
@@ -276,7 +288,8 @@ std::shared_ptr<const Model> WhatTheStepReads(const Model& m, const PackedWeight
 class CpuBackend final : public Backend {
  public:
   CpuBackend(std::shared_ptr<const Model> model, const KvCacheConfig& kv, int threads,
-             cpu::HugePageMemory cache, cpu::HugePageMemory scales, PackedWeights packed)
+             std::unique_ptr<unsigned char[], FreeDeleter> cache,
+             std::unique_ptr<float[], FreeDeleter> scales, PackedWeights packed)
       : model_(std::move(model)),
         c_(model_->config),
         kv_(kv),
@@ -343,9 +356,9 @@ class CpuBackend final : public Backend {
     // scales (scales_).
     const int64_t slabs = int64_t{c_.n_layers} * 2;
     for (const BlockCopy& c : copies) {
-      std::memcpy(cache_.data() + c.to * slabs * slab_bytes_,
-                  cache_.data() + c.from * slabs * slab_bytes_, slabs * slab_bytes_);
-      if (scales_.data() != nullptr) {
+      std::memcpy(cache_.get() + c.to * slabs * slab_bytes_,
+                  cache_.get() + c.from * slabs * slab_bytes_, slabs * slab_bytes_);
+      if (scales_ != nullptr) {
         std::memcpy(Scales(c.to, 0, 0), Scales(c.from, 0, 0),
                     sizeof(float) * slabs * ScalesPerSlab());
       }
@@ -361,13 +374,13 @@ class CpuBackend final : public Backend {
   template <typename T>
   T* Cache(int32_t block, int layer, int kind) {
     const int64_t slab = (int64_t{block} * c_.n_layers + layer) * 2 + kind;
-    return reinterpret_cast<T*>(cache_.data() + slab * slab_bytes_);
+    return reinterpret_cast<T*>(cache_.get() + slab * slab_bytes_);
   }
   // Their scales (int8 only): [n_kv_heads, block_size].
   int64_t ScalesPerSlab() const { return int64_t{c_.n_kv_heads} * kv_.block_size; }
   float* Scales(int32_t block, int layer, int kind) {
     const int64_t slab = (int64_t{block} * c_.n_layers + layer) * 2 + kind;
-    return scales_.as<float>() + slab * ScalesPerSlab();
+    return scales_.get() + slab * ScalesPerSlab();
   }
   // Writes one token's K or V, x [kv_dim], at `offset` in `block`,
   // converting it to the cache's type.
@@ -409,15 +422,10 @@ class CpuBackend final : public Backend {
   // needs, so the caller's block accounting is the only accounting; and a
   // head's rows within a block are contiguous, so attention reads each
   // block's share as one run.
-  // On huge pages where the kernel grants them (cpu/huge_page_memory.h):
-  // attention reads a sequence's blocks wherever they lie. Fresh zero
-  // pages, real only once written: no time spent touching a pool that may
-  // be gigabytes, and never-written slots read as 0 (in every KV type, an
-  // int8 slot's scale included), not NaN.
-  cpu::HugePageMemory cache_;
-  // int8 only (else empty): [num_blocks, n_layers, 2 (K, V), n_kv_heads,
+  std::unique_ptr<unsigned char[], FreeDeleter> cache_;
+  // int8 only (else null): [num_blocks, n_layers, 2 (K, V), n_kv_heads,
   // block_size], the scale of each token's values of each KV head.
-  cpu::HugePageMemory scales_;
+  std::unique_ptr<float[], FreeDeleter> scales_;
   // Bytes of one [n_kv_heads, block_size, head_dim] slab.
   const int64_t slab_bytes_ = int64_t{kv_.block_size} * c_.kv_dim() * KvDtypeBytes(kv_.dtype);
   std::vector<float> rope_cos_, rope_sin_;  // [max_seq_len, head_dim / 2]
@@ -751,13 +759,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::shared_ptr<const 
   const int64_t bytes = slabs * kv.block_size * c.kv_dim() * KvDtypeBytes(kv.dtype);
   const int64_t num_scales =
       KvDtypeScaleBytes(kv.dtype) > 0 ? slabs * kv.block_size * c.n_kv_heads : 0;
-  absl::StatusOr<cpu::HugePageMemory> cache =
-      cpu::HugePageMemory::Allocate(static_cast<size_t>(bytes));
-  absl::StatusOr<cpu::HugePageMemory> scales =
-      num_scales > 0
-          ? cpu::HugePageMemory::Allocate(static_cast<size_t>(num_scales) * sizeof(float))
-          : absl::StatusOr<cpu::HugePageMemory>(cpu::HugePageMemory());
-  if (!cache.ok() || !scales.ok()) {
+  auto cache = Zeroed<unsigned char>(bytes);
+  std::unique_ptr<float[], FreeDeleter> scales;
+  if (num_scales > 0) scales = Zeroed<float>(num_scales);
+  if (cache == nullptr || (num_scales > 0 && scales == nullptr)) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate ", KvBlockBytes(c, kv.block_size, kv.dtype) * kv.num_blocks,
                      " bytes for ", kv.num_blocks, " KV blocks of ", KvDtypeName(kv.dtype)));
@@ -773,8 +778,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::shared_ptr<const 
   packed->subnormal_codes =
       packed->code_matrices > 0 && cpu::QuantCodeFloats() == cpu::CodeFloats::kSubnormal;
   if (AllLaidOut(*packed)) model = WhatTheStepReads(*model, *packed);
-  return std::unique_ptr<Backend>(new CpuBackend(std::move(model), kv, threads, *std::move(cache),
-                                                 *std::move(scales), *std::move(packed)));
+  return std::unique_ptr<Backend>(new CpuBackend(std::move(model), kv, threads, std::move(cache),
+                                                 std::move(scales), *std::move(packed)));
 }
 
 }  // namespace coalesce::engine

@@ -18,7 +18,7 @@
 // while its slab lives on, so that a read past a buffer's end or after its
 // release is still reported (past the slab's unmapping, the read faults).
 // Never the whole of a slab: poisoning writes an eighth of the bytes'
-// worth of shadow, and a KV cache may be gigabytes.
+// worth of shadow.
 #if defined(__SANITIZE_ADDRESS__)
 #define COALESCE_ASAN 1
 #elif defined(__has_feature)

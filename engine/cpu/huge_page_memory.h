@@ -1,13 +1,15 @@
 // Memory that the CPU kernels stream through at every decode step (the
-// laid-out weights, the KV cache), backed by transparent huge pages where
-// the kernel grants them.
+// laid-out weights), backed by transparent huge pages where the kernel
+// grants them.
 //
-// A decode step reads every weight once, front to back, and each
-// sequence's cached keys and values, and a 4 KiB page is a TLB entry (and a
-// page walk) every 64 cache lines; the processor's own prefetcher also
-// stops at each 4 KiB boundary. On a 2 MiB page both go away, and a step
-// that reads a few streams a thread, as the one-row kernels and attention
-// do, comes nearer the memory's bandwidth more often (docs/performance.md).
+// A decode step reads every weight once, front to back, and a 4 KiB page is
+// a TLB entry (and a page walk) every 64 cache lines; the processor's own
+// prefetcher also stops at each 4 KiB boundary. On a 2 MiB page both go
+// away, and a step that reads a few streams a thread, as the one-row
+// kernels do, comes nearer the memory's bandwidth more often
+// (docs/performance.md). The KV cache stays on ordinary pages: with it on
+// huge pages too, decoding at long contexts was no faster in the runs
+// measured, and a first write would make 2 MiB of it real at a time.
 // A model's matrices are mostly far smaller than 2 MiB (a 576 x 576 Q4_1
 // matrix is 207 KB), so each gets no huge page of its own: they are carved
 // one after another out of slabs of 32 MiB (or the request rounded up to
@@ -17,8 +19,7 @@
 // a hint otherwise). Space in a slab is never reused: a slab is unmapped
 // when the last buffer carved from it goes, as a model's do together. A
 // slab's pages are real only where a buffer was written, so its unused
-// tail, or a KV cache's unused blocks, cost address space, not memory; a
-// page once written is a whole 2 MiB of it.
+// tail costs address space, not memory.
 #pragma once
 
 #include <cstddef>

@@ -83,9 +83,9 @@ ABSL_FLAG(std::string, float_panels, "auto",
           "model's rows (false), or as the CPU backend chooses (auto: panels where the "
           "processor's product is AVX2).");
 ABSL_FLAG(bool, huge_pages, true,
-          "The CPU backend's laid-out weights and KV cache (and --limits' bandwidth probe) in "
-          "memory that asks for transparent huge pages (the engine's way, "
-          "engine/cpu/huge_page_memory.h); false refuses them.");
+          "The CPU backend's laid-out weights (and --limits' bandwidth probe) in memory that asks "
+          "for transparent huge pages (the engine's way, engine/cpu/huge_page_memory.h); false "
+          "refuses them.");
 ABSL_FLAG(bool, limits, false,
           "Also measure, in the same run and on the same threads, the memory read bandwidth and "
           "the rate of a large single-precision matrix product (OpenBLAS sgemm), and print the "
@@ -427,11 +427,9 @@ int Run() {
               sample ? ", greedy sampling included" : "");
   if (const std::optional<engine::cpu::HugePageUse> use = engine::cpu::ReadHugePageUse();
       use.has_value()) {
-    std::printf(
-        "huge pages (--huge_pages=%s): %.1f of the %.1f MB of laid-out weights and KV cache in "
-        "memory\n",
-        absl::GetFlag(FLAGS_huge_pages) ? "true" : "false", use->huge_bytes / 1e6,
-        use->resident_bytes / 1e6);
+    std::printf("huge pages (--huge_pages=%s): %.1f of the laid-out weights' %.1f MB in memory\n",
+                absl::GetFlag(FLAGS_huge_pages) ? "true" : "false", use->huge_bytes / 1e6,
+                use->resident_bytes / 1e6);
   }
   if (compare_quantized) {
     std::printf("weights: fp32 %.1f MB (%s); quant %.1f MB (%s)\n",

@@ -13,11 +13,9 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
-#include "engine/cpu/huge_page_memory.h"
 #include "engine/cpu/quant_int8.h"
 #include "engine/cpu/quant_matmul.h"
 #include "engine/model/llama2c.h"
@@ -175,29 +173,6 @@ TEST(CpuBackendTest, LaidOutBackendLetsGoOfTheModel) {
       }
     }
   }
-}
-
-// The KV cache and the laid-out weights are huge-page memory
-// (cpu/huge_page_memory.h), counted among its slabs while the backend
-// lives and unmapped with it.
-TEST(CpuBackendTest, KvCacheAndLaidOutWeightsAreInHugePageSlabs) {
-  ASSERT_NE(Stories(), nullptr);
-  const std::optional<cpu::HugePageUse> before = cpu::ReadHugePageUse();
-  if (!before.has_value()) GTEST_SKIP() << "/proc/self/smaps cannot be read here";
-  constexpr int kBlocks = 2048;
-  const int64_t kv_bytes = KvBlockBytes(Stories()->config, 16, KvDtype::kFp32) * kBlocks;
-  ASSERT_GT(kv_bytes, int64_t{32} << 20) << "a slab of its own";
-  {
-    auto backend = CreateCpuBackend(
-        Stories(), {.kv_cache = {.block_size = 16, .num_blocks = kBlocks}, .float_panels = true});
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    const std::optional<cpu::HugePageUse> during = cpu::ReadHugePageUse();
-    ASSERT_TRUE(during.has_value());
-    EXPECT_GE(during->mapped_bytes - before->mapped_bytes, kv_bytes);
-  }
-  const std::optional<cpu::HugePageUse> after = cpu::ReadHugePageUse();
-  ASSERT_TRUE(after.has_value());
-  EXPECT_LT(after->mapped_bytes - before->mapped_bytes, kv_bytes);
 }
 
 // A model big enough for a step's projections to run in one parallel loop
