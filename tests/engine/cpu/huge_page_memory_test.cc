@@ -105,25 +105,35 @@ TEST(HugePageMemoryTest, ASlabLivesAsLongAsItsLastBuffer) {
   EXPECT_EQ(second.data()[4095], 3);
 }
 
-TEST(HugePageMemoryTest, SlabsAreAdvisedForHugePagesAndUnmappedWithTheirLastBuffer) {
-  if (HugePagesMode().empty()) {
-    GTEST_SKIP() << "this kernel has no transparent huge pages "
-                    "(/sys/kernel/mm/transparent_hugepage/enabled is missing)";
+// The slabs' figures before a test, where the kernel has huge pages and
+// smaps can be read; else the test is skipped.
+class HugePageUseTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (HugePagesMode().empty()) {
+      GTEST_SKIP() << "this kernel has no transparent huge pages "
+                      "(/sys/kernel/mm/transparent_hugepage/enabled is missing)";
+    }
+    const std::optional<HugePageUse> use = ReadHugePageUse();
+    if (!use.has_value()) GTEST_SKIP() << "/proc/self/smaps cannot be read here";
+    before = *use;
   }
-  const std::optional<HugePageUse> before = ReadHugePageUse();
-  if (!before.has_value()) GTEST_SKIP() << "/proc/self/smaps cannot be read here";
+  HugePageUse before;
+};
+
+TEST_F(HugePageUseTest, SlabsAreAdvisedForHugePagesAndUnmappedWithTheirLastBuffer) {
   {
     // Larger than a slab: a slab of its own, 64 MiB, all of it written.
     HugePageMemory big = MustAllocate(64 * kMiB);
     std::fill_n(big.data(), big.size(), uint8_t{1});
     const std::optional<HugePageUse> during = ReadHugePageUse();
     ASSERT_TRUE(during.has_value());
-    EXPECT_GE(during->mapped_bytes - before->mapped_bytes, static_cast<int64_t>(64 * kMiB));
-    EXPECT_GE(during->resident_bytes - before->resident_bytes, static_cast<int64_t>(64 * kMiB));
+    EXPECT_GE(during->mapped_bytes - before.mapped_bytes, static_cast<int64_t>(64 * kMiB));
+    EXPECT_GE(during->resident_bytes - before.resident_bytes, static_cast<int64_t>(64 * kMiB));
     if (HugePagesMode() != "never") {
       // Granted where the kernel has free 2 MiB pages: with 64 MiB just
       // written, some of them at least.
-      EXPECT_GT(during->huge_bytes, before->huge_bytes)
+      EXPECT_GT(during->huge_bytes, before.huge_bytes)
           << "no huge pages granted for 64 MiB of advised memory (mode " << HugePagesMode() << ")";
     }
   }
@@ -131,16 +141,10 @@ TEST(HugePageMemoryTest, SlabsAreAdvisedForHugePagesAndUnmappedWithTheirLastBuff
   ASSERT_TRUE(after.has_value());
   // Unmapped: the advised mappings are as they were (the slab that small
   // buffers come from may have changed, but not by 64 MiB).
-  EXPECT_LT(after->mapped_bytes - before->mapped_bytes, static_cast<int64_t>(32 * kMiB));
+  EXPECT_LT(after->mapped_bytes - before.mapped_bytes, static_cast<int64_t>(32 * kMiB));
 }
 
-TEST(HugePageMemoryTest, HugePagesRefusedOnRequest) {
-  if (HugePagesMode().empty()) {
-    GTEST_SKIP() << "this kernel has no transparent huge pages "
-                    "(/sys/kernel/mm/transparent_hugepage/enabled is missing)";
-  }
-  const std::optional<HugePageUse> before = ReadHugePageUse();
-  if (!before.has_value()) GTEST_SKIP() << "/proc/self/smaps cannot be read here";
+TEST_F(HugePageUseTest, HugePagesRefusedOnRequest) {
   ASSERT_TRUE(HugePagesOn());
   SetHugePages(false);
   {
@@ -149,8 +153,8 @@ TEST(HugePageMemoryTest, HugePagesRefusedOnRequest) {
     const std::optional<HugePageUse> during = ReadHugePageUse();
     ASSERT_TRUE(during.has_value());
     // Still a slab (counted), but on 4 KiB pages, whatever the mode.
-    EXPECT_GE(during->mapped_bytes - before->mapped_bytes, static_cast<int64_t>(64 * kMiB));
-    EXPECT_EQ(during->huge_bytes, before->huge_bytes);
+    EXPECT_GE(during->mapped_bytes - before.mapped_bytes, static_cast<int64_t>(64 * kMiB));
+    EXPECT_EQ(during->huge_bytes, before.huge_bytes);
   }
   SetHugePages(true);
   EXPECT_TRUE(HugePagesOn());
