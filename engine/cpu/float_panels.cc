@@ -1,7 +1,6 @@
 #include "engine/cpu/float_panels.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 

@@ -15,7 +15,6 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 
 #include "absl/status/statusor.h"
 #include "engine/cpu/huge_page_memory.h"

@@ -32,7 +32,6 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <optional>
 
 #include "absl/status/statusor.h"
