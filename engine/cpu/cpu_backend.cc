@@ -44,6 +44,10 @@ std::unique_ptr<T[], FreeDeleter> Zeroed(int64_t count) {
       static_cast<T*>(std::calloc(std::max<int64_t>(count, 1), sizeof(T))));
 }
 
+// Tokens of one sequence whose attention one task computes together
+// (AttentionOver), reading each KV block once for all of them.
+constexpr int64_t kAttentionTile = 8;
+
 // The attention kernels (kernels.h) for the cache's element type T; `scales`
 // is read for int8 only.
 template <typename T>
@@ -297,7 +301,6 @@ class CpuBackend final : public Backend {
         cache_(std::move(cache)),
         scales_(std::move(scales)),
         block_owner_(kv.num_blocks, -1),
-        scores_(static_cast<size_t>(pool_.size()) * c_.max_seq_len),
         packed_(std::move(packed)) {
     // RoPE angles as run.c computes them, in float, one row per position:
     // angle = pos * inv_freq[i], inv_freq from the (possibly scaled) theta.
@@ -443,8 +446,12 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> pos_;          // [num_tokens] position of each token
   std::vector<int32_t> seq_;          // [num_tokens] sequence of each token
   std::vector<int32_t> block_owner_;  // [num_blocks] validation: sequence writing it, or -1
-  std::vector<float> scores_;         // [threads, max_seq_len] attention weights per worker
-  const PackedWeights packed_;        // the quantized matrices, as panels
+  // Attention weights per worker: [threads, tile x kv_mul, positions] for
+  // the largest step so far (AttentionOver), and its tiles' first tokens.
+  std::vector<float> scores_;
+  std::vector<float> max_scores_;  // [threads, tile x kv_mul]
+  std::vector<int> tiles_;
+  const PackedWeights packed_;  // the quantized matrices, as panels
 };
 
 // ---------------------------------------------------------------------------
@@ -528,11 +535,16 @@ void CpuBackend::Attention(const StepBatch& batch, int layer) {
   }
 }
 
-// One task per (token, query head): softmax(q . K / sqrt(head_size)) . V over
+// softmax(q . K / sqrt(head_size)) . V for every token and query head, over
 // positions 0..pos of the token's own sequence, K and V dequantized as the
-// kernels read them. Each task reads only its own row and cache blocks and
-// runs in a fixed order, so the result does not depend on the batch or on
-// which thread runs it.
+// kernels read them. One task per tile of consecutive tokens of one sequence
+// (a prompt chunk; a decode is a tile of one) and KV head: it reads each
+// cache block once for all the tile's tokens and the query heads that share
+// the KV head (GQA), instead of once per token and head, which is what makes
+// a long prompt's chunks cheap at long contexts. Each (token, head) is
+// computed by the same calls in the same order whatever tile it is in, and
+// each task writes only its own rows, so the result does not depend on the
+// batch, the chunking, or which thread runs it.
 template <typename T>
 void CpuBackend::AttentionOver(const StepBatch& batch, int layer) {
   const int num_tokens = static_cast<int>(batch.tokens.size());
@@ -540,47 +552,88 @@ void CpuBackend::AttentionOver(const StepBatch& batch, int layer) {
   const int kv_mul = c_.n_heads / c_.n_kv_heads;  // query heads per KV head (GQA)
   const int bs = kv_.block_size;
   const float inv_sqrt = 1.0f / std::sqrt(static_cast<float>(hs));
+  // Tiles: runs of at most `tile` consecutive tokens of one sequence, so
+  // that a worker's score rows (tile x kv_mul x positions) stay a few MiB.
+  int max_pos = 0;
+  for (int t = 0; t < num_tokens; ++t) max_pos = std::max(max_pos, pos_[t]);
+  const int64_t span = int64_t{max_pos} + 1;
+  const int tile = static_cast<int>(
+      std::clamp<int64_t>((int64_t{1} << 20) / (int64_t{kv_mul} * span), 1, kAttentionTile));
+  tiles_.clear();
+  for (int t = 0; t < num_tokens;) {
+    int end = t + 1;
+    while (end < num_tokens && end - t < tile && seq_[end] == seq_[t]) ++end;
+    tiles_.push_back(t);
+    t = end;
+  }
+  tiles_.push_back(num_tokens);
+  const size_t rows_per_worker = static_cast<size_t>(tile) * kv_mul;
+  const size_t scores_needed = static_cast<size_t>(pool_.size()) * rows_per_worker * span;
+  if (scores_.size() < scores_needed) scores_.resize(scores_needed);
+  max_scores_.resize(
+      std::max(max_scores_.size(), static_cast<size_t>(pool_.size()) * rows_per_worker));
+
   auto task = [&](int task, int worker) {
-    const int t = task / c_.n_heads, h = task % c_.n_heads;
-    const int pos = pos_[t];
-    const std::span<const int32_t> table = batch.seqs[seq_[t]].block_table;
-    const float* q = q_.data() + static_cast<size_t>(t) * dim + h * hs;  // [head_size]
-    const int kv_head = h / kv_mul;
+    const int i = task / c_.n_kv_heads, kv_head = task % c_.n_kv_heads;
+    const int first = tiles_[i], count = tiles_[i + 1] - first;
+    const int last_pos = pos_[first + count - 1];  // the tile's positions ascend
+    const std::span<const int32_t> table = batch.seqs[seq_[first]].block_table;
     // This head's rows and scales within a block (see cache_, scales_).
     const int64_t rows_at = int64_t{kv_head} * bs * hs, scales_at = int64_t{kv_head} * bs;
     auto scales = [&](int32_t block, int kind) -> const float* {
       if constexpr (std::is_same_v<T, int8_t>) return Scales(block, layer, kind) + scales_at;
       return nullptr;
     };
-    float* att = scores_.data() + static_cast<size_t>(worker) * c_.max_seq_len;  // [pos + 1]
-
-    float max_score = -INFINITY;
-    for (int b = 0; b * bs <= pos; ++b) {
+    // Row r = j * kv_mul + g: token first + j, query head kv_head * kv_mul + g.
+    const int rows = count * kv_mul;
+    float* att = scores_.data() + static_cast<size_t>(worker) * rows_per_worker * span;
+    auto row_scores = [&](int r) { return att + static_cast<size_t>(r) * span; };
+    auto row_q = [&](int r) {
+      return q_.data() + static_cast<size_t>(first + r / kv_mul) * dim +
+             (kv_head * kv_mul + r % kv_mul) * hs;
+    };
+    float* max_score = max_scores_.data() + static_cast<size_t>(worker) * rows_per_worker;
+    std::fill(max_score, max_score + rows, -INFINITY);
+    for (int b = 0; b * bs <= last_pos; ++b) {
       const T* keys = Cache<T>(table[b], layer, 0) + rows_at;  // [block_size, head_size]
-      const int n = std::min(bs, pos + 1 - b * bs);
-      float* scores = att + b * bs;
-      DotCached(q, keys, scales(table[b], 0), hs, n, hs, scores);
-      for (int o = 0; o < n; ++o) {
-        scores[o] *= inv_sqrt;
-        max_score = std::max(max_score, scores[o]);
+      const float* key_scales = scales(table[b], 0);
+      for (int r = 0; r < rows; ++r) {
+        const int pos = pos_[first + r / kv_mul];
+        if (b * bs > pos) continue;
+        const int n = std::min(bs, pos + 1 - b * bs);
+        float* scores = row_scores(r) + b * bs;
+        DotCached(row_q(r), keys, key_scales, hs, n, hs, scores);
+        for (int o = 0; o < n; ++o) {
+          scores[o] *= inv_sqrt;
+          max_score[r] = std::max(max_score[r], scores[o]);
+        }
       }
     }
-    const float inv_sum = 1.0f / simd::ExpShiftedInPlace(att, pos + 1, max_score, 1.0f);
-    for (int o = 0; o <= pos; ++o) att[o] *= inv_sum;
-
-    float* out = att_.data() + static_cast<size_t>(t) * dim + h * hs;  // [head_size]
-    std::fill(out, out + hs, 0.0f);
-    for (int b = 0; b * bs <= pos; ++b) {
+    for (int r = 0; r < rows; ++r) {
+      const int pos = pos_[first + r / kv_mul];
+      float* scores = row_scores(r);
+      const float inv_sum = 1.0f / simd::ExpShiftedInPlace(scores, pos + 1, max_score[r], 1.0f);
+      for (int o = 0; o <= pos; ++o) scores[o] *= inv_sum;
+      float* out = att_.data() + (row_q(r) - q_.data());  // [head_size]
+      std::fill(out, out + hs, 0.0f);
+    }
+    for (int b = 0; b * bs <= last_pos; ++b) {
       const T* values = Cache<T>(table[b], layer, 1) + rows_at;  // [block_size, head_size]
-      const int n = std::min(bs, pos + 1 - b * bs);
-      AccumulateCached(att + b * bs, values, scales(table[b], 1), hs, n, hs, out);
+      const float* value_scales = scales(table[b], 1);
+      for (int r = 0; r < rows; ++r) {
+        const int pos = pos_[first + r / kv_mul];
+        if (b * bs > pos) continue;
+        const int n = std::min(bs, pos + 1 - b * bs);
+        float* out = att_.data() + (row_q(r) - q_.data());
+        AccumulateCached(row_scores(r) + b * bs, values, value_scales, hs, n, hs, out);
+      }
     }
   };
   // About 4 flops per cached position and head dimension; below ~64K a
   // thread handoff costs more than it saves.
   int64_t work = 0;
   for (int t = 0; t < num_tokens; ++t) work += int64_t{pos_[t] + 1} * c_.dim * 4;
-  const int num_tasks = num_tokens * c_.n_heads;
+  const int num_tasks = (static_cast<int>(tiles_.size()) - 1) * c_.n_kv_heads;
   if (work < (int64_t{1} << 16)) {
     for (int i = 0; i < num_tasks; ++i) task(i, 0);
   } else {
