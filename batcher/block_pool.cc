@@ -26,10 +26,11 @@ BlockHash Sha256(std::string_view bytes) {
 
 }  // namespace
 
-BlockHash PrefixRoot(std::string_view model, std::string_view salt) {
+BlockHash PrefixRoot(std::string_view model, std::string_view partition, std::string_view salt) {
   std::string bytes;
   AppendString(bytes, "coalesce prefix cache v1");
   AppendString(bytes, model);
+  AppendString(bytes, partition);
   AppendString(bytes, salt);
   return Sha256(bytes);
 }

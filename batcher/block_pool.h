@@ -13,14 +13,17 @@
 //
 // Prefix caching. A full block's K and V are a pure function of the tokens
 // in it and before it. A block is named by a chained SHA-256 hash:
-//   root     = SHA-256("coalesce prefix cache v1", namespace, salt)
+//   root     = SHA-256("coalesce prefix cache v1", namespace, partition, salt)
 //   hash[0]  = SHA-256(root, tokens of block 0)
 //   hash[i]  = SHA-256(hash[i - 1], tokens of block i)
 // (token ids as 32-bit little-endian integers, strings with their lengths),
 // so equal hashes mean equal token prefixes, with the odds of a collision
 // (one user reading another's context) those of SHA-256. The namespace names
-// the model; the salt is the request's `cache_salt`, so requests with
-// different salts never share a block.
+// the model; the partition names who may share (a tenant, or the group of
+// tenants it shares with; empty without tenants), and the salt is the
+// request's `cache_salt`: requests of different partitions or salts never
+// share a block, so a client cannot learn through the cache (its reuse
+// counts, its speed) what another partition's prompts were.
 //
 // Once a running sequence has computed every position of a block, the block
 // is registered under its hash (unless another block already is: then it
@@ -44,8 +47,9 @@ namespace coalesce::batcher {
 using BlockHash = std::array<uint8_t, 32>;
 
 // The root of a namespace's hash chains: `model` names what computed the
-// blocks, `salt` keeps apart requests that must not share them.
-BlockHash PrefixRoot(std::string_view model, std::string_view salt);
+// blocks; `partition` (who may share) and `salt` keep apart requests that
+// must not share them.
+BlockHash PrefixRoot(std::string_view model, std::string_view partition, std::string_view salt);
 
 // Extends `hashes` (the chain of `tokens` from `root` so far: empty, or a
 // prefix of it) to name every full block of `tokens`.

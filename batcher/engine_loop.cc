@@ -178,7 +178,7 @@ EngineLoop::EngineLoop(engine::Backend* backend, const engine::Tokenizer* tokeni
       kv_bytes_per_token_(backend->kv_bytes_per_token()),
       capabilities_(backend->capabilities()),
       blocks_(backend->kv_cache().num_blocks, options.prefix_caching),
-      prefix_root_(PrefixRoot(options.prefix_cache_namespace, "")),
+      prefix_root_(PrefixRoot(options.prefix_cache_namespace, "", "")),
       step_thread_(options.overlap_steps ? std::make_unique<StepThread>() : nullptr) {}
 
 EngineLoop::~EngineLoop() { Stop(); }
@@ -248,9 +248,11 @@ absl::StatusOr<uint64_t> EngineLoop::Submit(GenerationRequest request,
     seq->prefill_end = static_cast<int>(seq->tokens.size());
   }
   if (options_.prefix_caching) {
-    seq->prefix_root = seq->request.cache_salt.empty()
-                           ? prefix_root_
-                           : PrefixRoot(options_.prefix_cache_namespace, seq->request.cache_salt);
+    const GenerationRequest& r = seq->request;
+    seq->prefix_root =
+        r.cache_salt.empty() && r.cache_partition.empty()
+            ? prefix_root_
+            : PrefixRoot(options_.prefix_cache_namespace, r.cache_partition, r.cache_salt);
   }
   inbox_.push_back(std::move(seq));
   return id;
@@ -395,10 +397,10 @@ void EngineLoop::Iterate(absl::Time now) {
       (stats.num_seqs > 0 || !waiting_.empty())) {
     LogF(LogLevel::kDebug,
          "step: seqs=%d decode_tokens=%d prefill_tokens=%d admitted=%d preempted=%d "
-         "running=%d (was %d) waiting=%d free_blocks=%d hold=%s",
+         "running=%d (was %d) waiting=%d free_blocks=%d hold=%s ms=%.1f",
          stats.num_seqs, stats.decode_tokens, stats.prefill_tokens, decision.admit.size(),
          preempted, running_.size(), running_before, waiting_.size(), blocks_.num_available(),
-         HoldReasonName(decision.hold));
+         HoldReasonName(decision.hold), absl::ToDoubleMilliseconds(stats.duration));
   }
   PublishQueueStats();
 }
@@ -445,11 +447,13 @@ Decision EngineLoop::ScheduleAndAdmit(absl::Time now) {
                        seq->request.priority, seq->request.deadline, seq->preempted, seq->samples,
                        seq->tenant});
   }
-  // The running sequences matter to the decision only with several
-  // tenants (fairness preemption); otherwise only their slots do.
+  // The running sequences matter to the decision when it may preempt them
+  // (continuous batching: for a tenant below its share, a higher priority,
+  // or a request whose samples hold more than their share); otherwise only
+  // their slots do.
   std::vector<RunningEntry> running;
   int slots = 0;
-  if (tenant_weights_.size() > 1) {
+  if (options_.scheduler.mode == BatchingMode::kContinuous) {
     running = RunningEntries();
     for (const RunningEntry& e : running) slots += e.slots;
   } else {
@@ -479,10 +483,14 @@ Decision EngineLoop::ScheduleAndAdmit(absl::Time now) {
                                 "): the server is overloaded; retry after a short pause")));
     }
   }
-  // Fairness preemptions first: the admissions take their room.
-  for (const int index : decision.preempt) {
-    if (observer_ != nullptr) observer_->OnPreemptedForFairness(running_[index]->request.tenant);
-    Preempt(running_[index], /*for_fairness=*/true);
+  // Preemptions first: the admissions take their room.
+  for (size_t k = 0; k < decision.preempt.size(); ++k) {
+    std::unique_ptr<Sequence>& victim = running_[decision.preempt[k]];
+    if (observer_ != nullptr) {
+      observer_->OnPreemptedForAdmission(PreemptReasonName(decision.preempt_reasons[k]),
+                                         victim->request.tenant);
+    }
+    Preempt(victim, /*for_admission=*/true);
   }
   std::erase(running_, nullptr);
   int admitted = 0;
@@ -617,7 +625,8 @@ std::vector<RunningEntry> EngineLoop::RunningEntries() const {
   std::vector<RunningEntry> entries;
   entries.reserve(running_.size());
   for (const auto& seq : running_) {
-    entries.push_back({seq->tenant, seq->request.priority, seq->samples, BlocksReleased(*seq)});
+    entries.push_back({seq->tenant, seq->request.priority, seq->samples, BlocksReleased(*seq),
+                       seq->id, seq->request.arrival});
   }
   return entries;
 }
@@ -641,7 +650,7 @@ int EngineLoop::TenantIndex(const std::string& tenant, double weight) {
   return it->second;
 }
 
-void EngineLoop::Preempt(std::unique_ptr<Sequence>& slot, bool for_fairness) {
+void EngineLoop::Preempt(std::unique_ptr<Sequence>& slot, bool for_admission) {
   Sequence& seq = *slot;
   // Everything it has, prompt and generated tokens, is recomputed on
   // resumption; its sampler and text state carry on, so its output is the
@@ -652,7 +661,7 @@ void EngineLoop::Preempt(std::unique_ptr<Sequence>& slot, bool for_fairness) {
   seq.prefill_end = static_cast<int>(seq.tokens.size());
   seq.preempted = true;
   waiting_.push_back(std::move(slot));
-  if (observer_ != nullptr && !for_fairness) observer_->OnPreempted();
+  if (observer_ != nullptr && !for_admission) observer_->OnPreempted();
 }
 
 void EngineLoop::RunStep(StepStats& stats, int& preempted) {
@@ -680,10 +689,12 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
         shares.has_value() && shares->running[seq->tenant] > shares->share[seq->tenant];
     plan_input_.push_back({seq->num_cached, seq->pending(), seq->prefilling(), held,
                            seq->request.priority, BlocksReleased(*seq),
-                           seq->scoring_prompt() ? options_.max_scored_chunk : 0, over_share});
+                           seq->scoring_prompt() ? options_.max_scored_chunk : 0, over_share,
+                           seq->scoring_prompt()});
   }
   const StepPlan plan =
-      PlanStep(plan_input_, blocks_.num_available(), block_size_, options_.max_batch_tokens);
+      PlanStep(plan_input_, blocks_.num_available(), block_size_, options_.max_batch_tokens,
+               {.model = &step_cost_, .target = options_.max_step_time});
   // The plan names sequences by their position in running_: find the chunks'
   // owners before preemption moves anyone.
   step_owner_.clear();
@@ -694,6 +705,7 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
 
   step_tokens_.clear();
   step_seqs_.clear();
+  StepShape shape;  // for the step cost model
   for (size_t c = 0; c < plan.chunks.size(); ++c) {
     const StepChunk& chunk = plan.chunks[c];
     Sequence& seq = *step_owner_[c];
@@ -703,11 +715,13 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
     step_seqs_.push_back({chunk.num_tokens, seq.num_cached, seq.blocks, seq.scoring_prompt()});
     // Attention reads K and V of every position up to the chunk's last.
     stats.bytes_read += (seq.num_cached + chunk.num_tokens) * kv_bytes_per_token_;
+    shape += ChunkShape(seq.num_cached, chunk.num_tokens, seq.prefilling(), seq.scoring_prompt());
   }
   for (const PaddingRow& row : padding_) {
     step_tokens_.push_back(row.token);
     step_seqs_.push_back({1, row.pos, row.blocks});
     step_owner_.push_back(nullptr);  // nobody reads its token
+    shape += ChunkShape(row.pos, 1, false, false);
   }
   stats.bytes_read += backend_->weight_bytes();
   stats.num_seqs = static_cast<int>(plan.chunks.size());
@@ -796,6 +810,7 @@ void EngineLoop::RunStep(StepStats& stats, int& preempted) {
     return;
   }
 
+  if (options_.max_step_time > absl::ZeroDuration()) step_cost_.Observe(shape, stats.duration);
   const absl::Time now = clock_->Now();
   const size_t vocab = static_cast<size_t>(backend_->config().vocab_size);
   for (size_t i = 0; i < step_owner_.size(); ++i) {

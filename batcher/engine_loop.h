@@ -50,6 +50,7 @@
 #include "batcher/observer.h"
 #include "batcher/request.h"
 #include "batcher/scheduler.h"
+#include "batcher/step_cost.h"
 #include "batcher/step_planner.h"
 #include "common/clock.h"
 #include "engine/backend.h"
@@ -84,6 +85,11 @@ struct EngineLoopOptions {
   // Prompt tokens a request with prompt_logprobs prefills in one step at
   // most: each takes a row of logits (the vocabulary's size in floats).
   int max_scored_chunk = 256;
+  // A step with decoding sequences in it is planned to take at most this
+  // long: its prompt chunks are sized by what the steps so far have cost
+  // (step_cost.h, step_planner.h), so that a long prompt does not hold up
+  // everyone's next token. Zero: only max_batch_tokens bounds a step.
+  absl::Duration max_step_time = absl::ZeroDuration();
 };
 
 // The block ownership at one moment, for tests that check invariants.
@@ -180,8 +186,8 @@ class EngineLoop {
   void Fork(Sequence& parent);
   // Sends a running sequence back to the queue, leaving `slot` empty (the
   // caller closes the hole in running_): for KV blocks, or to make room for
-  // a tenant below its share.
-  void Preempt(std::unique_ptr<Sequence>& slot, bool for_fairness = false);
+  // an admission (scheduler.h).
+  void Preempt(std::unique_ptr<Sequence>& slot, bool for_admission = false);
   // The running sequences as the scheduler sees them, in admission order.
   std::vector<RunningEntry> RunningEntries() const;
   // KV blocks that preempting `seq` makes available (those nobody else
@@ -250,7 +256,7 @@ class EngineLoop {
 
   // ---- Owned by the loop thread ------------------------------------------
   BlockPool blocks_;
-  const BlockHash prefix_root_;                     // of requests without a cache_salt
+  const BlockHash prefix_root_;                     // of requests without a cache_salt or partition
   std::vector<std::unique_ptr<Sequence>> waiting_;  // any order: the scheduler orders
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order
   // kStaticPadded: finished sequences of the running batch, whose rows each
@@ -269,6 +275,8 @@ class EngineLoop {
   bool decision_left_engine_empty_ = false;   // nobody ran, and it admitted nobody
   HoldReason last_hold_ = HoldReason::kNone;  // of the last decision, taken at...
   absl::Time last_decision_at_;               // ...this time
+  // What steps cost, learned from those run (with max_step_time).
+  StepCostModel step_cost_;
   // Step buffers, reused.
   std::vector<RunningSequence> plan_input_;        // [num_running]
   std::vector<int32_t> step_tokens_;               // [total_tokens]

@@ -60,8 +60,10 @@ class LoopObserver {
   // A running sequence gave back its KV blocks, to be recomputed later.
   virtual void OnPreempted() {}
   // A running sequence of `tenant` was sent back to the queue to make room
-  // for a tenant below its share of the batch (scheduler.h).
-  virtual void OnPreemptedForFairness(std::string_view tenant) {}
+  // for an admission: `reason` is PreemptReasonName's (scheduler.h): for a
+  // tenant below its share, a higher priority, or a request whose samples
+  // ran more than their share.
+  virtual void OnPreemptedForAdmission(std::string_view reason, std::string_view tenant) {}
   // A new request (not a resumed one) looked its `prompt_tokens` up in the
   // prefix cache and found the KV of the first `cached_tokens` of them.
   virtual void OnPrefixCacheLookup(int prompt_tokens, int cached_tokens) {}
@@ -105,8 +107,8 @@ class ForwardingObserver : public LoopObserver {
   void OnPreempted() override {
     if (next_ != nullptr) next_->OnPreempted();
   }
-  void OnPreemptedForFairness(std::string_view tenant) override {
-    if (next_ != nullptr) next_->OnPreemptedForFairness(tenant);
+  void OnPreemptedForAdmission(std::string_view reason, std::string_view tenant) override {
+    if (next_ != nullptr) next_->OnPreemptedForAdmission(reason, tenant);
   }
   void OnPrefixCacheLookup(int prompt_tokens, int cached_tokens) override {
     if (next_ != nullptr) next_->OnPrefixCacheLookup(prompt_tokens, cached_tokens);

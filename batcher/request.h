@@ -27,7 +27,11 @@ struct GenerationRequest {
   int priority = 0;                              // higher is admitted first
   absl::Time arrival;                            // when the server received it
   absl::Time deadline = absl::InfiniteFuture();  // DEADLINE_EXCEEDED after this
-  // Requests share cached prompt blocks only with requests of the same salt.
+  // Requests share cached prompt blocks only with requests of the same
+  // partition and salt. The partition says who may share: the tenant, or
+  // the group of tenants it shares with (--api_keys_file); empty without
+  // tenants. The salt is the client's own.
+  std::string cache_partition;
   std::string cache_salt;
   // Samples of the prompt: the prompt is computed once and its KV blocks
   // shared; sample i then draws from its own generator, seeded seed + i

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "absl/container/flat_hash_map.h"
+
 namespace coalesce::batcher {
 
 std::string_view BatchingModeName(BatchingMode mode) {
@@ -29,6 +31,18 @@ std::string_view HoldReasonName(HoldReason reason) {
       return "no_free_kv_blocks";
     case HoldReason::kStaticBatchRunning:
       return "static_batch_running";
+  }
+  return "unknown";
+}
+
+std::string_view PreemptReasonName(PreemptReason reason) {
+  switch (reason) {
+    case PreemptReason::kTenantShare:
+      return "tenant_share";
+    case PreemptReason::kPriority:
+      return "priority";
+    case PreemptReason::kSamples:
+      return "samples";
   }
   return "unknown";
 }
@@ -98,10 +112,14 @@ TenantShares Scheduler::Shares(const QueueState& state) const {
 }
 
 int Scheduler::EffectivePriority(const WaitingRequest& request, absl::Time now) const {
-  if (!AgingEnabled(config_)) return request.priority;
-  const int64_t levels = AgingLevels(now - request.arrival, config_.priority_aging);
+  return EffectivePriority(request.priority, request.arrival, now);
+}
+
+int Scheduler::EffectivePriority(int priority, absl::Time arrival, absl::Time now) const {
+  if (!AgingEnabled(config_)) return priority;
+  const int64_t levels = AgingLevels(now - arrival, config_.priority_aging);
   return static_cast<int>(
-      std::min<int64_t>(int64_t{request.priority} + levels, std::numeric_limits<int>::max()));
+      std::min<int64_t>(int64_t{priority} + levels, std::numeric_limits<int>::max()));
 }
 
 Decision Scheduler::Schedule(const QueueState& state, absl::Time now) const {
@@ -130,11 +148,20 @@ Decision Scheduler::Schedule(const QueueState& state, absl::Time now) const {
   }
   if (line.empty()) return decision;
 
-  // 2. Order: effective priority, then arrival, then id (a total order).
+  // 2. Order: effective priority, then the slots of the request's samples
+  //    running already, then arrival, then id (a total order).
+  absl::flat_hash_map<uint64_t, int> request_slots;  // running, by request
+  for (const RunningEntry& e : state.running_seqs) request_slots[e.id] += e.slots;
+  auto running_of = [&request_slots](uint64_t id) {
+    const auto it = request_slots.find(id);
+    return it == request_slots.end() ? 0 : it->second;
+  };
   std::vector<std::pair<int, const WaitingRequest*>> order;
   for (const WaitingRequest* r : line) order.emplace_back(EffectivePriority(*r, now), r);
-  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+  std::sort(order.begin(), order.end(), [&running_of](const auto& a, const auto& b) {
     if (a.first != b.first) return a.first > b.first;
+    const int ra = running_of(a.second->id), rb = running_of(b.second->id);
+    if (ra != rb) return ra < rb;
     if (a.second->arrival != b.second->arrival) return a.second->arrival < b.second->arrival;
     return a.second->id < b.second->id;
   });
@@ -151,10 +178,9 @@ Decision Scheduler::Schedule(const QueueState& state, absl::Time now) const {
     decision.hold = HoldReason::kStaticBatchRunning;
     return decision;
   }
-  const bool fair_preemption =
-      config_.mode == BatchingMode::kContinuous && !state.running_seqs.empty();
+  const bool may_preempt = config_.mode == BatchingMode::kContinuous && !state.running_seqs.empty();
   const int free_slots = config_.max_batch_size - state.running;
-  if (free_slots <= 0 && !fair_preemption) {
+  if (free_slots <= 0 && !may_preempt) {
     decision.hold = HoldReason::kNoFreeSlot;
     return decision;
   }
@@ -188,45 +214,77 @@ Decision Scheduler::Schedule(const QueueState& state, absl::Time now) const {
   int blocks_left = state.free_blocks;
   int slots_left = free_slots;
 
+  // Effective priorities of the running sequences.
+  std::vector<int> running_priority;
+  for (const RunningEntry& e : state.running_seqs)
+    running_priority.push_back(EffectivePriority(e.priority, e.arrival, now));
+
   // Preempts for `request` of tenant `t` (see the top of scheduler.h);
   // false, and nothing preempted, when it cannot make room.
   auto preempt_for = [&](const WaitingRequest& request, int t) {
-    if (!fair_preemption) return false;
+    if (!may_preempt) return false;
     const double claimant = (running[t] + request.slots) / WeightOf(state, t);
+    const int priority = EffectivePriority(request, now);
     std::vector<int> after = running;
+    absl::flat_hash_map<uint64_t, int> request_after = request_slots;
+    const int claimant_slots = request_after[request.id] + request.slots;
     std::vector<int> victims;
+    std::vector<PreemptReason> reasons;
     int slots = slots_left;
     int blocks = blocks_left;
     while (request.slots > slots || request.blocks_needed > blocks) {
+      // Of another tenant: the most loaded tenant, its lowest priority, its
+      // latest admitted. Else of the claimant's: the lowest priority, the
+      // request running the most slots, the latest admitted.
       int victim = -1;
       double victim_load = 0;
+      int own = -1;
       for (int i = 0; i < static_cast<int>(state.running_seqs.size()); ++i) {
         const RunningEntry& e = state.running_seqs[i];
         const int v = TenantOf(e, tenants);
-        if (gone[i] || v == t) continue;
+        if (gone[i] || e.id == request.id) continue;
         if (std::find(victims.begin(), victims.end(), i) != victims.end()) continue;
+        if (v == t) {
+          const int p = running_priority[i];
+          const int load = request_after[e.id];
+          if (p > priority || (p == priority && load - e.slots < claimant_slots)) continue;
+          if (own < 0 || p < running_priority[own] ||
+              (p == running_priority[own] && load >= request_after[state.running_seqs[own].id])) {
+            own = i;
+          }
+          continue;
+        }
         // The victim's tenant must keep at least the claimant's load.
         if ((after[v] - e.slots) / WeightOf(state, v) < claimant - kLoadSlack) continue;
         const double load = after[v] / WeightOf(state, v);
-        // The most loaded tenant, its lowest priority, its latest admitted.
         if (victim < 0 || load > victim_load ||
             (load == victim_load && e.priority <= state.running_seqs[victim].priority)) {
           victim = i;
           victim_load = load;
         }
       }
+      PreemptReason reason = PreemptReason::kTenantShare;
+      if (victim < 0) {
+        victim = own;
+        reason = own >= 0 && running_priority[own] < priority ? PreemptReason::kPriority
+                                                              : PreemptReason::kSamples;
+      }
       if (victim < 0) return false;
       const RunningEntry& e = state.running_seqs[victim];
       victims.push_back(victim);
+      reasons.push_back(reason);
       after[TenantOf(e, tenants)] -= e.slots;
+      request_after[e.id] -= e.slots;
       slots += e.slots;
       blocks += e.blocks_released;
     }
-    for (const int i : victims) {
-      gone[i] = true;
-      decision.preempt.push_back(i);
+    for (size_t k = 0; k < victims.size(); ++k) {
+      gone[victims[k]] = true;
+      decision.preempt.push_back(victims[k]);
+      decision.preempt_reasons.push_back(reasons[k]);
     }
     running = std::move(after);
+    request_slots = std::move(request_after);
     slots_left = slots;
     blocks_left = blocks;
     return true;
@@ -260,6 +318,7 @@ Decision Scheduler::Schedule(const QueueState& state, absl::Time now) const {
     slots_left -= request->slots;
     blocks_left -= request->blocks_needed;
     running[pick] += request->slots;
+    request_slots[request->id] += request->slots;
     ++next[pick];
     decision.admit.push_back(position(request));
   }

@@ -5,11 +5,13 @@
 // tested step by step with a fake clock (tests/batcher/scheduler_test.cc).
 //
 // Order. Waiting requests are considered by effective priority, highest
-// first, then by arrival, oldest first. Effective priority is the request's
-// `priority` plus one for every `priority_aging` it has waited, so a
-// low-priority request is never starved: after (difference in priority) x
-// priority_aging it ranks with the newer high-priority arrivals, and it is
-// older than they are.
+// first, then by the batch slots their request's other samples already run,
+// fewest first (0 but for a request with several samples, some of them
+// preempted), then by arrival, oldest first. Effective priority is the
+// request's `priority` plus one for every `priority_aging` since it arrived,
+// so a low-priority request is never starved: after (difference in
+// priority) x priority_aging it ranks with the newer high-priority arrivals,
+// and it is older than they are.
 //
 // Expiry. A waiting request whose deadline has passed expires (the client
 // gets DEADLINE_EXCEEDED); one that was never admitted and has waited
@@ -52,7 +54,27 @@
 // tenants can preempt each other back and forth: after the exchange the
 // claimant still runs no more per weight than the victim. A preempted
 // sequence resumes later by recomputation, as after a KV preemption
-// (step_planner.h). Only continuous batching preempts.
+// (step_planner.h). Only continuous batching preempts. Between tenants only
+// this rule preempts; priorities order work within a tenant (below).
+//
+// Priorities and large requests (preemption within a tenant; without
+// tenants, everyone is tenant 0). When the next request does not fit, it may
+// also take the room of running sequences of its own tenant:
+//   - of a lower effective priority (a running sequence ages from its
+//     arrival as a waiting one does, so the gap between two requests stays
+//     what it was when both arrived, and a newer request of the same
+//     priority never preempts an older one: a preempted low-priority request
+//     ranks with new high-priority arrivals after the aging described above
+//     and then finishes);
+//   - of the same or lower effective priority, but of a request with
+//     several samples that, without the victim, still runs at least as many
+//     slots as the claimant's request would with it. So the samples of one
+//     request (GenerationRequest::n) hold every slot only while nobody else
+//     waits; a newcomer takes a sample's slot within a step, and the
+//     preempted sample resumes (recomputed, its prefix from the cache) when
+//     a slot frees.
+// Victims: the lowest effective priority first, then the request running
+// the most slots, then the most recently admitted.
 //
 // Static batching (for comparison): the same rule, but only while nothing
 // runs; a batch runs until all of its sequences finish. kStaticPadded is the
@@ -100,12 +122,14 @@ struct WaitingRequest {
   int tenant = 0;          // index into QueueState::tenant_weights
 };
 
-// A running sequence, as fairness preemption sees it.
+// A running sequence, as preemption sees it.
 struct RunningEntry {
   int tenant = 0;
   int priority = 0;
   int slots = 1;            // a request before its samples part takes one per sample
   int blocks_released = 0;  // KV blocks that preempting it makes available
+  uint64_t id = 0;          // its request's (WaitingRequest::id): a request's samples share it
+  absl::Time arrival{};     // its request's: running sequences age as waiting ones do
 };
 
 struct QueueState {
@@ -116,7 +140,7 @@ struct QueueState {
   std::span<const double> tenant_weights;
   // The running sequences, in admission order, their slots adding up to
   // `running`. Empty: the running slots are all tenant 0's and nothing is
-  // preempted for fairness.
+  // preempted.
   std::span<const RunningEntry> running_seqs;
 };
 
@@ -139,6 +163,15 @@ std::string_view HoldReasonName(HoldReason reason);
 
 enum class ExpiryReason { kDeadline, kQueueTimeout };
 
+// Why a running sequence was preempted for an admission (see above).
+enum class PreemptReason {
+  kTenantShare,  // another tenant below its share
+  kPriority,     // a higher effective priority of its own tenant
+  kSamples,      // its request's samples ran more slots than their share
+};
+// "tenant_share", "priority", "samples".
+std::string_view PreemptReasonName(PreemptReason reason);
+
 struct Expired {
   int index;  // position in QueueState::waiting
   ExpiryReason reason;
@@ -151,8 +184,9 @@ struct Decision {
   std::vector<Expired> expired;  // leave the queue now, with an error
   std::vector<int> admit;        // join the batch now, in this order
   // Positions in QueueState::running_seqs to send back to the queue before
-  // the admissions, to make room for a tenant below its share.
+  // the admissions, to make room for them, and why (same order).
   std::vector<int> preempt;
+  std::vector<PreemptReason> preempt_reasons;
   HoldReason hold = HoldReason::kNone;
   // Set when the decision can change by the passage of time alone (the
   // window ends, a deadline or queue timeout falls due, aging reorders):
@@ -168,6 +202,8 @@ class Scheduler {
 
   // `request`'s priority after waiting until `now`.
   int EffectivePriority(const WaitingRequest& request, absl::Time now) const;
+  // A request's priority `now`, had it `priority` on arrival.
+  int EffectivePriority(int priority, absl::Time arrival, absl::Time now) const;
 
   // The shares of the tenants in `state` (waiting and running work only).
   TenantShares Shares(const QueueState& state) const;

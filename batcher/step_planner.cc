@@ -11,8 +11,18 @@ bool NeedsNewBlock(const RunningSequence& s, int block_size) {
 
 }  // namespace
 
+StepShape ChunkShape(int cached, int tokens, bool prefilling, bool scored) {
+  StepShape shape{.rows = tokens, .logit_rows = scored ? tokens : 1};
+  if (prefilling) {
+    shape.prefill_positions = ChunkPositions(cached, tokens);
+  } else {
+    shape.decode_positions = ChunkPositions(cached, tokens);
+  }
+  return shape;
+}
+
 StepPlan PlanStep(std::span<const RunningSequence> running, int free_blocks, int block_size,
-                  int max_batch_tokens) {
+                  int max_batch_tokens, const StepTimeTarget& time) {
   StepPlan plan;
   std::vector<bool> preempted(running.size(), false);
 
@@ -50,7 +60,20 @@ StepPlan PlanStep(std::span<const RunningSequence> running, int free_blocks, int
   }
 
   // 2. In admission order: every decode, and prefill chunks while the budget
-  //    lasts.
+  //    (and, with decodes in the step and a time target, the time: 3.)
+  //    lasts. The step's shape starts with the decodes'; the chunks add
+  //    theirs as they are planned.
+  StepShape shape;
+  bool timed = false;
+  if (time.model != nullptr && time.target > absl::ZeroDuration()) {
+    for (size_t i = 0; i < running.size(); ++i) {
+      const RunningSequence& s = running[i];
+      if (preempted[i] || s.prefilling) continue;
+      shape += ChunkShape(s.cached_tokens, s.pending_tokens, false, false);
+      timed = true;
+    }
+  }
+
   for (size_t i = 0; i < running.size(); ++i) {
     const RunningSequence& s = running[i];
     if (preempted[i]) continue;
@@ -62,6 +85,14 @@ StepPlan PlanStep(std::span<const RunningSequence> running, int free_blocks, int
     int chunk = std::min(s.pending_tokens, budget);
     if (s.max_chunk > 0) chunk = std::min(chunk, s.max_chunk);
     if (chunk <= 0) continue;
+    if (timed) {
+      const int fits = time.model->ready() ? time.model->MaxChunk(shape, s.cached_tokens, s.scored,
+                                                                  chunk, time.target)
+                                           : std::min(chunk, time.cold_chunk);
+      chunk = plan.prefill_tokens == 0 ? std::max(fits, std::min(chunk, time.min_chunk)) : fits;
+      if (chunk <= 0) continue;  // the step is full for this one
+      shape += ChunkShape(s.cached_tokens, chunk, true, s.scored);
+    }
     budget -= chunk;
     plan.chunks.push_back({static_cast<int>(i), chunk, false});
     plan.prefill_tokens += chunk;

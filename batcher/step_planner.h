@@ -20,11 +20,23 @@
 //      token (and a sequence's own max_chunk can split it further).
 //      Prefilling sequences hold the blocks for their whole prompt from
 //      admission, so prefill never needs new blocks.
+//   3. With a time target (StepTimeTarget) and decodes in the step, the
+//      prompt chunks are also sized so that the step's predicted duration
+//      (step_cost.h) stays within the target: the decoders' next token is
+//      not held up by more than that, however long the prompt and its
+//      context. A step without decodes is not limited by time. Before the
+//      model has seen enough steps, chunks beside decodes are at most
+//      `cold_chunk` tokens; and when even one prompt token would not fit,
+//      the first chunk of the step still gets `min_chunk`, so that prompts
+//      progress however many sequences decode.
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <vector>
+
+#include "absl/time/time.h"
+#include "batcher/step_cost.h"
 
 namespace coalesce::batcher {
 
@@ -41,6 +53,16 @@ struct RunningSequence {
   int max_chunk = 0;
   // Its tenant runs more slots than its share (scheduler.h): preempted first.
   bool over_share = false;
+  // Every prompt token of its chunk makes a row of logits (prompt_logprobs).
+  bool scored = false;
+};
+
+// A step's time target (see the top of this file).
+struct StepTimeTarget {
+  const StepCostModel* model = nullptr;
+  absl::Duration target = absl::ZeroDuration();  // zero: no target
+  int cold_chunk = 64;
+  int min_chunk = 32;
 };
 
 struct StepChunk {
@@ -62,6 +84,10 @@ struct StepPlan {
 // `running` is in admission order. `max_batch_tokens` must be at least the
 // number of running sequences (every decode fits).
 StepPlan PlanStep(std::span<const RunningSequence> running, int free_blocks, int block_size,
-                  int max_batch_tokens);
+                  int max_batch_tokens, const StepTimeTarget& time = {});
+
+// The shape of a step's chunk (step_cost.h): `tokens` of a sequence with
+// `cached` positions in the cache.
+StepShape ChunkShape(int cached, int tokens, bool prefilling, bool scored);
 
 }  // namespace coalesce::batcher

@@ -98,6 +98,12 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry, con
                                     "make room for a tenant below its share of the batch "
                                     "(resumed later by recomputation)")
                               .Register(*registry_)),
+      admission_preemptions_(prometheus::BuildCounter()
+                                 .Name("coalesce_admission_preemptions_total")
+                                 .Help("Running sequences sent back to the queue to make room "
+                                       "for a waiting request, by reason (tenant_share, "
+                                       "priority, samples); resumed later by recomputation")
+                                 .Register(*registry_)),
       tenant_time_to_first_token_(prometheus::BuildHistogram()
                                       .Name("coalesce_tenant_time_to_first_token_seconds")
                                       .Help("Time from arrival to the first generated token, by "
@@ -287,8 +293,11 @@ void ServerMetrics::OnRejected(std::string_view reason) {
 
 void ServerMetrics::OnPreempted() { preemptions_.Increment(); }
 
-void ServerMetrics::OnPreemptedForFairness(std::string_view tenant) {
-  tenant_preemptions_.Add({{"tenant", std::string(tenant)}}).Increment();
+void ServerMetrics::OnPreemptedForAdmission(std::string_view reason, std::string_view tenant) {
+  admission_preemptions_.Add({{"reason", std::string(reason)}}).Increment();
+  if (reason == "tenant_share") {
+    tenant_preemptions_.Add({{"tenant", std::string(tenant)}}).Increment();
+  }
 }
 
 void ServerMetrics::OnPrefixCacheLookup(int prompt_tokens, int cached_tokens) {

@@ -50,7 +50,7 @@ class ServerMetrics : public batcher::LoopObserver {
 
   void OnRejected(std::string_view reason) override;
   void OnPreempted() override;
-  void OnPreemptedForFairness(std::string_view tenant) override;
+  void OnPreemptedForAdmission(std::string_view reason, std::string_view tenant) override;
   void OnPrefixCacheLookup(int prompt_tokens, int cached_tokens) override;
 
   // A Generate stream ended because its client stopped reading.
@@ -84,6 +84,7 @@ class ServerMetrics : public batcher::LoopObserver {
   prometheus::Family<prometheus::Counter>& tenant_tokens_;
   // Sequences preempted to make room for a tenant below its share.
   prometheus::Family<prometheus::Counter>& tenant_preemptions_;
+  prometheus::Family<prometheus::Counter>& admission_preemptions_;
   // Time to first token by tenant.
   prometheus::Family<prometheus::Histogram>& tenant_time_to_first_token_;
   prometheus::Counter& stalled_streams_;

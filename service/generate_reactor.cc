@@ -90,9 +90,11 @@ void GenerateReactor::Reject(const absl::Status& status, absl::Duration retry_af
   }
   if (status.code() == absl::StatusCode::kResourceExhausted) {
     // Overload: gRPC's own retry policy honours this pushback; others can
-    // read it.
+    // read it. A negative one tells it not to retry (gRPC's retry design,
+    // A6): the request could never be served.
     const int64_t ms =
-        retry_after > absl::ZeroDuration()
+        retry_after < absl::ZeroDuration() ? -1
+        : retry_after > absl::ZeroDuration()
             ? absl::ToInt64Milliseconds(absl::Ceil(retry_after, absl::Milliseconds(1)))
             : kRetryPushbackMs;
     context_->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(ms));

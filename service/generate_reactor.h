@@ -66,7 +66,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   absl::Status Submit(batcher::GenerationRequest request);
   // Finishes the RPC at once with `status`, a request that never reached the
   // engine (RESOURCE_EXHAUSTED with gRPC's retry pushback trailer: after
-  // `retry_after`, or a default second).
+  // `retry_after`, or a default second; -1, do not retry, for a negative
+  // `retry_after`).
   void Reject(const absl::Status& status, absl::Duration retry_after = absl::ZeroDuration());
 
   // Called by the engine thread through the sink.

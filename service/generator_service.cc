@@ -209,9 +209,13 @@ void GeneratorService::PrepareAndSubmit(GenerateReactor* reactor,
         caller.ok() ? Prepare(context, request, arrival, &rejection) : caller.status();
     if (prepared.ok() && options_.tenants != nullptr) {
       // The tenant's limits, then its priority cap.
+      // The most tokens the call can use, reserved from the tenant's budget
+      // until it ends.
+      const int64_t most = static_cast<int64_t>(prepared->prompt.size()) +
+                           int64_t{prepared->max_new_tokens} * prepared->n;
       absl::Duration retry_after;
       absl::StatusOr<std::unique_ptr<Tenants::Stream>> stream =
-          options_.tenants->Open(caller->name, &retry_after);
+          options_.tenants->Open(caller->name, most, &retry_after);
       if (!stream.ok()) {
         if (metrics_ != nullptr) {
           metrics_->OnRejected("tenant_limit");
@@ -223,6 +227,7 @@ void GeneratorService::PrepareAndSubmit(GenerateReactor* reactor,
       reactor->set_tenant_stream(*std::move(stream));
       prepared->tenant = caller->name;
       prepared->tenant_weight = caller->weight;
+      prepared->cache_partition = caller->cache_partition;
       prepared->priority = std::min(prepared->priority, caller->max_priority);
     }
     // The engine loop counts its own rejections.

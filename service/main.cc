@@ -67,6 +67,11 @@ ABSL_FLAG(int, max_batch_tokens, Defaults().max_batch_tokens,
           "Most tokens processed in one engine step: decode tokens of running sequences "
           "first, prompt chunks in the rest (a longer prompt is split across steps). At "
           "least --max_batch_size.");
+ABSL_FLAG(absl::Duration, max_step_time, Defaults().max_step_time,
+          "A step with decoding sequences in it is planned to take at most this: the prompt "
+          "chunks beside the decodes are sized by what the steps so far have cost, so that a "
+          "long prompt does not hold up the others' next token. A step without decodes is "
+          "bounded by --max_batch_tokens alone. 0 turns it off.");
 ABSL_FLAG(int, max_queue, Defaults().max_queue,
           "Most requests waiting for admission; the next gets RESOURCE_EXHAUSTED at once.");
 ABSL_FLAG(absl::Duration, max_queue_wait, Defaults().scheduler.max_queue_wait,
@@ -207,6 +212,10 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   o.scheduler.max_queue_wait = absl::GetFlag(FLAGS_max_queue_wait);
   o.scheduler.priority_aging = absl::GetFlag(FLAGS_priority_aging);
   o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  o.max_step_time = absl::GetFlag(FLAGS_max_step_time);
+  if (o.max_step_time < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--max_step_time must not be negative");
+  }
   o.max_queue = absl::GetFlag(FLAGS_max_queue);
   if (o.max_batch_tokens < o.scheduler.max_batch_size) {
     return absl::InvalidArgumentError(

@@ -217,6 +217,7 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
   batcher::EngineLoopOptions loop_options;
   loop_options.scheduler = options.scheduler;
   loop_options.max_batch_tokens = options.max_batch_tokens;
+  loop_options.max_step_time = options.max_step_time;
   loop_options.max_queue = options.max_queue;
   loop_options.log_steps = options.log_steps;
   loop_options.overlap_steps = options.overlap_steps.value_or(capabilities.overlap_pays);

@@ -33,8 +33,10 @@ struct ServerOptions {
   // The batcher's defaults, except that a request waits at most a minute.
   batcher::SchedulerConfig scheduler{.max_queue_wait = absl::Seconds(60)};
   int max_batch_tokens = batcher::EngineLoopOptions{}.max_batch_tokens;  // tokens per step
-  int max_queue = batcher::EngineLoopOptions{}.max_queue;                // waiting requests at most
-  int threads = 0;                                                       // 0: one per core
+  // A step with decodes in it is planned to take at most this (0: off).
+  absl::Duration max_step_time = absl::Milliseconds(200);
+  int max_queue = batcher::EngineLoopOptions{}.max_queue;  // waiting requests at most
+  int threads = 0;                                         // 0: one per core
   Device device = Device::kAuto;
   // Weights and KV cache; nullopt is auto: bf16 on CUDA, fp32 on the CPU
   // (which computes only in fp32).

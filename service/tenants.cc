@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -84,12 +85,17 @@ absl::StatusOr<std::vector<TenantConfig>> ParseTenants(std::string_view text) {
     if (!t.is_object()) return fail("not an object");
     TenantConfig c;
     for (const auto& [key, value] : t.items()) {
-      if (key == "name" || key == "key_sha256" || key == "client_cert_subject") {
+      if (key == "name" || key == "key_sha256" || key == "client_cert_subject" ||
+          key == "prefix_cache_group") {
         if (!value.is_string()) return fail(absl::StrCat(key, " must be a string"));
         std::string s = value.get<std::string>();
         if (key == "name") c.name = std::move(s);
         if (key == "key_sha256") c.key_sha256 = absl::AsciiStrToLower(s);
         if (key == "client_cert_subject") c.client_cert_subject = std::move(s);
+        if (key == "prefix_cache_group") {
+          if (!ValidName(s)) return fail("prefix_cache_group must be 1 to 64 of A-Z a-z 0-9 _ . -");
+          c.prefix_cache_group = std::move(s);
+        }
       } else if (key == "weight") {
         if (!value.is_number()) return fail("weight must be a number");
         c.weight = value.get<double>();
@@ -214,7 +220,10 @@ absl::StatusOr<Tenants::Caller> Tenants::Authenticate(std::string_view authoriza
     return absl::UnauthenticatedError(
         "this server needs an API key: send the metadata \"authorization: Bearer KEY\"");
   }
-  return Caller{found->name, found->weight, found->max_priority};
+  return Caller{found->name, found->weight, found->max_priority,
+                found->prefix_cache_group.empty()
+                    ? absl::StrCat("tenant:", found->name)
+                    : absl::StrCat("group:", found->prefix_cache_group)};
 }
 
 void Tenants::Refill(const std::string& tenant) {
@@ -232,6 +241,7 @@ void Tenants::Refill(const std::string& tenant) {
 }
 
 absl::StatusOr<std::unique_ptr<Tenants::Stream>> Tenants::Open(const std::string& tenant,
+                                                               int64_t tokens,
                                                                absl::Duration* retry_after) {
   absl::MutexLock lock(&mu_);
   const auto it = by_name_.find(tenant);
@@ -245,18 +255,31 @@ absl::StatusOr<std::unique_ptr<Tenants::Stream>> Tenants::Open(const std::string
     return absl::ResourceExhaustedError(absl::StrCat(
         "tenant ", tenant, " has ", u.streams, " streams open, its limit; retry when one ends"));
   }
+  int64_t reserved = 0;
   if (c.tokens_per_minute > 0) {
-    Refill(tenant);
-    if (u.budget <= 0) {
-      const double per_minute = static_cast<double>(c.tokens_per_minute);
-      *retry_after = absl::Minutes((1.0 - u.budget) / per_minute);
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "tenant ", tenant, " has used its ", c.tokens_per_minute, " tokens per minute; retry in ",
-          absl::FormatDuration(absl::Ceil(*retry_after, absl::Milliseconds(1)))));
+    if (tokens > c.tokens_per_minute) {
+      *retry_after = -absl::Milliseconds(1);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the request may use ", tokens,
+                       " tokens (its prompt and max_new_tokens for each of "
+                       "its samples) but tenant ",
+                       tenant, "'s budget is ", c.tokens_per_minute,
+                       " tokens per minute: lower max_new_tokens or n, or shorten the prompt"));
     }
+    Refill(tenant);
+    if (u.budget < static_cast<double>(tokens)) {
+      const double per_minute = static_cast<double>(c.tokens_per_minute);
+      *retry_after = absl::Minutes((static_cast<double>(tokens) - u.budget) / per_minute);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("tenant ", tenant, " has used its ", c.tokens_per_minute,
+                       " tokens per minute (this request may use ", tokens, "); retry in ",
+                       absl::FormatDuration(absl::Ceil(*retry_after, absl::Milliseconds(1)))));
+    }
+    u.budget -= static_cast<double>(tokens);
+    reserved = tokens;
   }
   ++u.streams;
-  return std::unique_ptr<Stream>(new Stream(this, tenant));
+  return std::unique_ptr<Stream>(new Stream(this, tenant, reserved));
 }
 
 void Tenants::Close(const std::string& tenant) {
@@ -264,12 +287,15 @@ void Tenants::Close(const std::string& tenant) {
   --usage_[tenant].streams;
 }
 
-void Tenants::ChargeTokens(const std::string& tenant, int64_t tokens) {
+void Tenants::Settle(const std::string& tenant, int64_t reserved, int64_t used) {
   absl::MutexLock lock(&mu_);
   const auto it = by_name_.find(tenant);
   if (it == by_name_.end() || tenants_[it->second].tokens_per_minute == 0) return;
   Refill(tenant);
-  usage_[tenant].budget -= static_cast<double>(tokens);
+  // A budget never holds more than a minute's worth, refunds included.
+  Usage& u = usage_[tenant];
+  u.budget = std::min(static_cast<double>(tenants_[it->second].tokens_per_minute),
+                      u.budget + static_cast<double>(reserved - used));
 }
 
 std::vector<std::string> Tenants::names() {
@@ -280,8 +306,14 @@ std::vector<std::string> Tenants::names() {
   return out;
 }
 
-Tenants::Stream::~Stream() { owner_->Close(tenant_); }
+Tenants::Stream::~Stream() {
+  if (!settled_) owner_->Settle(tenant_, reserved_, 0);
+  owner_->Close(tenant_);
+}
 
-void Tenants::Stream::Charge(int64_t tokens) { owner_->ChargeTokens(tenant_, tokens); }
+void Tenants::Stream::Charge(int64_t tokens) {
+  if (std::exchange(settled_, true)) return;
+  owner_->Settle(tenant_, reserved_, tokens);
+}
 
 }  // namespace coalesce::service

@@ -15,8 +15,13 @@
 //      "weight": 2,                 // share of the batch, (0, 1000]; default 1
 //      "max_priority": 5,           // higher request priorities are capped; default 0
 //      "max_streams": 64,           // Generate calls at once; default 0: no limit
-//      "tokens_per_minute": 200000  // prompt + generated tokens; default 0: no limit
+//      "tokens_per_minute": 200000, // prompt + generated tokens; default 0: no limit
+//      "prefix_cache_group": "acme" // shares cached prompts with the group's tenants
 //     }, ...]}
+//
+// Prefix caching: a tenant's cached prompt blocks are reachable only by its
+// own requests (Caller::cache_partition enters the root of the blocks'
+// hash chains), or by those of the tenants of its prefix_cache_group.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +47,7 @@ struct TenantConfig {
   int max_priority = 0;
   int max_streams = 0;
   int64_t tokens_per_minute = 0;
+  std::string prefix_cache_group;  // empty: shares its cached prompts with nobody
 };
 
 // At most this many tenants (they label metrics).
@@ -63,6 +69,9 @@ class Tenants {
     std::string name;
     double weight = 1.0;
     int max_priority = 0;
+    // Who shares its cached prompt blocks (GenerationRequest::cache_partition):
+    // "tenant:NAME", or "group:GROUP" with a prefix_cache_group.
+    std::string cache_partition;
   };
   // The tenant of `authorization` (the header's value, "Bearer KEY") or,
   // without one, of `cert_subject` (a verified client certificate's subject;
@@ -76,19 +85,27 @@ class Tenants {
     ~Stream();
     Stream(const Stream&) = delete;
     Stream& operator=(const Stream&) = delete;
-    // Tokens the call used (prompt and generated), from the tenant's budget.
+    // Settles the call: it used `tokens` (prompt and generated) of those it
+    // reserved; the rest go back to the tenant's budget. Once; a stream
+    // destroyed unsettled gives back all it reserved.
     void Charge(int64_t tokens);
 
    private:
     friend class Tenants;
-    Stream(Tenants* owner, std::string tenant) : owner_(owner), tenant_(std::move(tenant)) {}
+    Stream(Tenants* owner, std::string tenant, int64_t reserved)
+        : owner_(owner), tenant_(std::move(tenant)), reserved_(reserved) {}
     Tenants* owner_;
     std::string tenant_;
+    int64_t reserved_;  // from the budget, at Open
+    bool settled_ = false;
   };
-  // Opens a stream for `tenant`: RESOURCE_EXHAUSTED when all its streams are
-  // in use or its budget of the last minute is spent, with `retry_after` set
-  // to when to try again.
-  absl::StatusOr<std::unique_ptr<Stream>> Open(const std::string& tenant,
+  // Opens a stream for `tenant`, reserving `tokens` (the most the call can
+  // use: its prompt, and max_new_tokens for each sample) from its budget.
+  // RESOURCE_EXHAUSTED when all its streams are in use or the budget holds
+  // fewer tokens than that, with `retry_after` set to when to try again;
+  // or when `tokens` exceed a whole minute's budget, so that no wait would
+  // do: then `retry_after` is negative (do not retry).
+  absl::StatusOr<std::unique_ptr<Stream>> Open(const std::string& tenant, int64_t tokens,
                                                absl::Duration* retry_after);
 
   std::vector<std::string> names();
@@ -105,7 +122,9 @@ class Tenants {
   void MaybeReload() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Refill(const std::string& tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Close(const std::string& tenant);
-  void ChargeTokens(const std::string& tenant, int64_t tokens);
+  // Returns `reserved` - `used` tokens to the tenant's budget (takes more if
+  // used exceeds reserved).
+  void Settle(const std::string& tenant, int64_t reserved, int64_t used);
 
   const std::string path_;
   const Clock* const clock_;
@@ -118,7 +137,7 @@ class Tenants {
   // What each tenant uses, kept across reloads by name.
   struct Usage {
     int streams = 0;
-    double budget = 0;  // tokens available; negative: in debt
+    double budget = 0;  // tokens available, less those reserved by open calls
     absl::Time refilled;
     bool started = false;
   };

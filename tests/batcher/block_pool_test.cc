@@ -16,9 +16,9 @@ using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 
 std::vector<BlockHash> Hashes(const std::vector<int32_t>& tokens, int block_size,
-                              std::string_view salt = "") {
+                              std::string_view salt = "", std::string_view partition = "") {
   std::vector<BlockHash> hashes;
-  ExtendBlockHashes(PrefixRoot("model", salt), tokens, block_size, hashes);
+  ExtendBlockHashes(PrefixRoot("model", partition, salt), tokens, block_size, hashes);
   return hashes;
 }
 
@@ -52,7 +52,7 @@ TEST(BlockHashTest, IsAChainedSha256OfTheParentAndTheTokens) {
   ASSERT_EQ(hashes.size(), 3u);  // the 7th token is not a full block
   // Recomputed by hand: parent digest, then each token little-endian.
   std::string bytes;
-  const BlockHash root = PrefixRoot("model", "");
+  const BlockHash root = PrefixRoot("model", "", "");
   bytes.assign(reinterpret_cast<const char*>(hashes[0].data()), 32);
   for (int32_t t : {0x03, 0x01020304}) {
     for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<char>((t >> (8 * i)) & 0xff));
@@ -70,7 +70,7 @@ TEST(BlockHashTest, IsAChainedSha256OfTheParentAndTheTokens) {
   EXPECT_EQ(partial, hashes);
 }
 
-TEST(BlockHashTest, DependsOnEverythingBeforeTheSaltAndTheModel) {
+TEST(BlockHashTest, DependsOnEverythingBeforeTheSaltThePartitionAndTheModel) {
   const auto a = Hashes({1, 2, 3, 4}, 2);
   // Same second block, different first: every hash differs.
   const auto b = Hashes({9, 2, 3, 4}, 2);
@@ -78,9 +78,16 @@ TEST(BlockHashTest, DependsOnEverythingBeforeTheSaltAndTheModel) {
   EXPECT_NE(a[1], b[1]);
   EXPECT_NE(Hashes({1, 2, 3, 4}, 2, "tenant-a"), a);
   EXPECT_NE(Hashes({1, 2, 3, 4}, 2, "tenant-a"), Hashes({1, 2, 3, 4}, 2, "tenant-b"));
-  EXPECT_NE(PrefixRoot("model", ""), PrefixRoot("other", ""));
-  // Lengths are hashed: ("ab", "") and ("a", "b") differ.
-  EXPECT_NE(PrefixRoot("ab", ""), PrefixRoot("a", "b"));
+  // A partition (a tenant) apart from every other, and from a salt of its name.
+  EXPECT_NE(Hashes({1, 2, 3, 4}, 2, "", "tenant-a"), a);
+  EXPECT_NE(Hashes({1, 2, 3, 4}, 2, "", "tenant-a"), Hashes({1, 2, 3, 4}, 2, "", "tenant-b"));
+  EXPECT_NE(Hashes({1, 2, 3, 4}, 2, "s", "tenant-a"), Hashes({1, 2, 3, 4}, 2, "s", "tenant-b"));
+  EXPECT_NE(Hashes({1, 2, 3, 4}, 2, "", "tenant-a"), Hashes({1, 2, 3, 4}, 2, "tenant-a", ""));
+  EXPECT_EQ(Hashes({1, 2, 3, 4}, 2, "s", "tenant-a"), Hashes({1, 2, 3, 4}, 2, "s", "tenant-a"));
+  EXPECT_NE(PrefixRoot("model", "", ""), PrefixRoot("other", "", ""));
+  // Lengths are hashed: ("ab", "", "") and ("a", "b", "") differ.
+  EXPECT_NE(PrefixRoot("ab", "", ""), PrefixRoot("a", "b", ""));
+  EXPECT_NE(PrefixRoot("a", "b", ""), PrefixRoot("a", "", "b"));
 }
 
 TEST(BlockPoolTest, RegisteredBlocksAreFoundSharedAndCachedAfterRelease) {

@@ -1,7 +1,9 @@
 // Fairness between tenants in the scheduling decision (scheduler.h): shares
 // of the batch by weight, order within a tenant, preemption for a tenant
 // below its share, and that decisions settle instead of preempting back and
-// forth.
+// forth. Within a tenant: preemption for a higher priority (with aging, so a
+// preempted request finishes) and for a request whose samples hold more than
+// their share of the batch.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -40,8 +42,26 @@ WaitingRequest Req(uint64_t id, int tenant, int priority = 0, int blocks = 1) {
   return r;
 }
 
+// A running sequence of a request of its own (ids from 1000000 on, apart
+// from the waiting requests').
 RunningEntry Seq(int tenant, int priority = 0, int blocks = 1) {
-  return {.tenant = tenant, .priority = priority, .slots = 1, .blocks_released = blocks};
+  static uint64_t next_id = 1000000;
+  return {.tenant = tenant,
+          .priority = priority,
+          .slots = 1,
+          .blocks_released = blocks,
+          .id = next_id++,
+          .arrival = t0};
+}
+
+// One of the samples of request `id` (GenerationRequest::n), after its fork.
+RunningEntry Sample(uint64_t id, int tenant = 0, int priority = 0) {
+  return {.tenant = tenant,
+          .priority = priority,
+          .slots = 1,
+          .blocks_released = 1,
+          .id = id,
+          .arrival = t0};
 }
 
 QueueState State(std::span<const WaitingRequest> waiting, std::span<const RunningEntry> running,
@@ -147,13 +167,106 @@ TEST(FairnessTest, PreemptionStopsBeforeTheClaimantWouldRunMoreThanTheVictim) {
   EXPECT_THAT(AdmittedIds(d, waiting), ElementsAre(1));
 }
 
-TEST(FairnessTest, OneTenantNeverPreemptsItself) {
+TEST(FairnessTest, WithinATenantOnlyAHigherPriorityPreempts) {
   const Scheduler s(Config(2));
-  const std::vector<RunningEntry> running = {Seq(0), Seq(0)};
-  std::vector<WaitingRequest> waiting = {Req(1, 0, 9)};
-  const Decision d = s.Schedule(State(waiting, running, 10, {}), t0 + absl::Seconds(1));
+  // The same priority as the running requests: it waits.
+  std::vector<RunningEntry> running = {Seq(0, 1), Seq(0, 1)};
+  std::vector<WaitingRequest> waiting = {Req(1, 0, 1)};
+  Decision d = s.Schedule(State(waiting, running, 10, {}), t0 + absl::Seconds(1));
   EXPECT_THAT(d.preempt, IsEmpty());
   EXPECT_EQ(d.hold, HoldReason::kNoFreeSlot);
+  // A higher one than one of them takes the room of the lowest.
+  running = {Seq(0, 1), Seq(0, 0)};
+  d = s.Schedule(State(waiting, running, 10, {}), t0 + absl::Seconds(1));
+  EXPECT_THAT(d.preempt, ElementsAre(1));
+  EXPECT_THAT(d.preempt_reasons, ElementsAre(PreemptReason::kPriority));
+  EXPECT_THAT(AdmittedIds(d, waiting), ElementsAre(1));
+}
+
+TEST(FairnessTest, RunningRequestsAgeSoTheGapBetweenTwoNeverGrows) {
+  SchedulerConfig config = Config(1);
+  config.priority_aging = absl::Seconds(10);
+  const Scheduler s(config);
+  // Priority 0 running since t0 (Seq's arrival).
+  const std::vector<RunningEntry> running = {Seq(0, 0)};
+  // Priority 2, arrived 5 s later: 2 against 0 at t0 + 5 s; preempts.
+  std::vector<WaitingRequest> waiting = {Req(5000, 0, 2)};
+  Decision d = s.Schedule(State(waiting, running, 10, {}), t0 + absl::Seconds(5));
+  EXPECT_THAT(d.preempt, ElementsAre(0));
+  // Priority 2, arrived 25 s later: the running request has aged to 2 by
+  // then, and stays ahead of any newer arrival of priority 2.
+  waiting = {Req(25000, 0, 2)};
+  for (const int s_after : {25, 40, 1000}) {
+    d = s.Schedule(State(waiting, running, 10, {}), t0 + absl::Seconds(s_after));
+    EXPECT_THAT(d.preempt, IsEmpty()) << s_after;
+  }
+}
+
+TEST(FairnessTest, APreemptedLowPriorityRequestOutranksNewHighPriorityOnesAfterAging) {
+  SchedulerConfig config = Config(1);
+  config.priority_aging = absl::Seconds(10);
+  const Scheduler s(config);
+  // Request 1 (priority 0, arrived at t0 + 1 ms) was preempted and waits;
+  // request 2 (priority 3) arrives at t0 + 31 s and so does the free slot.
+  WaitingRequest low = Req(1, 0, 0);
+  low.preempted = true;
+  WaitingRequest high = Req(31000, 0, 3);
+  std::vector<WaitingRequest> waiting = {high, low};
+  const Decision d = s.Schedule(State(waiting, {}, 10, {}), t0 + absl::Seconds(31));
+  EXPECT_THAT(AdmittedIds(d, waiting), ElementsAre(1));  // 3 by aging, and older
+}
+
+TEST(FairnessTest, ARequestsSamplesGiveUpSlotsToWaitingRequests) {
+  const Scheduler s(Config(4));
+  // Request 77's four samples hold the batch; five requests wait.
+  const std::vector<RunningEntry> running = {Sample(77), Sample(77), Sample(77), Sample(77)};
+  std::vector<WaitingRequest> waiting = {Req(1, 0), Req(2, 0), Req(3, 0), Req(4, 0), Req(5, 0)};
+  const Decision d = s.Schedule(State(waiting, running, 10, {}), t0 + absl::Seconds(1));
+  // Each newcomer takes the latest sample's slot while request 77 keeps at
+  // least as many as the newcomer's: three go, one sample stays.
+  EXPECT_THAT(d.preempt, ElementsAre(3, 2, 1));
+  EXPECT_THAT(d.preempt_reasons, ElementsAre(PreemptReason::kSamples, PreemptReason::kSamples,
+                                             PreemptReason::kSamples));
+  EXPECT_THAT(AdmittedIds(d, waiting), ElementsAre(1, 2, 3));
+  EXPECT_EQ(d.hold, HoldReason::kNoFreeSlot);
+}
+
+TEST(FairnessTest, APreemptedSampleWaitsBehindRequestsWithNothingRunning) {
+  const Scheduler s(Config(4));
+  // Request 77 runs three samples and waits with its fourth (preempted,
+  // older than everyone); request 6 arrives.
+  const std::vector<RunningEntry> running = {Sample(77), Sample(77), Sample(77), Seq(0)};
+  WaitingRequest sample = Req(77, 0);
+  sample.arrival = t0 - absl::Seconds(5);
+  sample.preempted = true;
+  std::vector<WaitingRequest> waiting = {sample, Req(6, 0)};
+  const Decision d = s.Schedule(State(waiting, running, 10, {}), t0 + absl::Seconds(1));
+  // Request 6 first, in place of one of 77's samples; 77's waiting sample
+  // may not take the single request's slot back.
+  EXPECT_THAT(d.preempt, ElementsAre(2));
+  EXPECT_THAT(AdmittedIds(d, waiting), ElementsAre(6));
+  EXPECT_EQ(d.hold, HoldReason::kNoFreeSlot);
+}
+
+TEST(FairnessTest, SamplesOfAHigherPriorityAreNotPreemptedForALowerOne) {
+  const Scheduler s(Config(2));
+  const std::vector<RunningEntry> running = {Sample(77, 0, 5), Sample(77, 0, 5)};
+  std::vector<WaitingRequest> waiting = {Req(1, 0, 0)};
+  const Decision d = s.Schedule(State(waiting, running, 10, {}), t0 + absl::Seconds(1));
+  EXPECT_THAT(d.preempt, IsEmpty());
+}
+
+TEST(FairnessTest, APriorityPreemptsOnlyWithinItsTenant) {
+  const Scheduler s(Config(4));
+  const std::vector<double> weights = {1, 1};
+  // Tenant 1, at its share, asks priority 9: it takes the room of its own
+  // priority-0 sequence, not tenant 0's.
+  const std::vector<RunningEntry> running = {Seq(0), Seq(0), Seq(1), Seq(1)};
+  std::vector<WaitingRequest> waiting = {Req(1, 1, 9)};
+  const Decision d = s.Schedule(State(waiting, running, 10, weights), t0 + absl::Seconds(1));
+  EXPECT_THAT(d.preempt, ElementsAre(3));
+  EXPECT_THAT(d.preempt_reasons, ElementsAre(PreemptReason::kPriority));
+  EXPECT_THAT(AdmittedIds(d, waiting), ElementsAre(1));
 }
 
 TEST(FairnessTest, StaticBatchingNeverPreempts) {
@@ -293,6 +406,27 @@ TEST_F(TenantLoopTest, AnArrivingTenantRunsAtTheNextStepAndNothingIsLost) {
     }
     EXPECT_EQ(Available(), 64);
   }
+}
+
+TEST_F(TenantLoopTest, AHigherPriorityRunsAtTheNextStepAndThePreemptedOneLosesNothing) {
+  MakeLoop({.num_blocks = 64, .block_size = 4, .max_batch_size = 2});
+  std::vector<std::shared_ptr<Collector>> sinks;
+  for (int i = 0; i < 2; ++i) sinks.push_back(Submit(Request(Prompt(i), 20, "", i)));
+  for (int i = 0; i < 3; ++i) Tick();
+  auto high = Submit(Request(Prompt(2), 5, "", 7));
+  Tick();
+  // In place of the lowest priority (request 0).
+  EXPECT_EQ(high->ids().size(), 1u);
+  EXPECT_EQ(observer_.admission_preemptions["priority"], 1);
+  EXPECT_EQ(sinks[0]->ids().size(), 3u);
+  EXPECT_EQ(sinks[1]->ids().size(), 4u);
+  sinks.push_back(high);
+  RunUntilFinished(sinks);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(sinks[i]->ids(), KvBackend::Expected(Prompt(i), i == 2 ? 5 : 20)) << "request " << i;
+  }
+  EXPECT_EQ(observer_.preemptions, 0);  // none for KV blocks
+  EXPECT_EQ(Available(), 64);
 }
 
 TEST_F(TenantLoopTest, WeightsSplitTheBatch) {

@@ -19,8 +19,9 @@ namespace coalesce::batcher {
 class LookupObserver : public LoopObserver {
  public:
   void OnPreempted() override { ++preemptions; }
-  void OnPreemptedForFairness(std::string_view tenant) override {
-    ++fairness_preemptions[std::string(tenant)];
+  void OnPreemptedForAdmission(std::string_view reason, std::string_view tenant) override {
+    if (reason == "tenant_share") ++fairness_preemptions[std::string(tenant)];
+    ++admission_preemptions[std::string(reason)];
   }
   void OnPrefixCacheLookup(int prompt_tokens, int cached_tokens) override {
     ++lookups;
@@ -35,8 +36,9 @@ class LookupObserver : public LoopObserver {
   }
   int preemptions = 0, lookups = 0, looked_up = 0, found = 0;
   int first_tokens = 0, finished = 0, completion_tokens = 0;
-  std::vector<std::string> statuses;                // of the finished requests, in order
-  std::map<std::string, int> fairness_preemptions;  // by the victim's tenant
+  std::vector<std::string> statuses;                 // of the finished requests, in order
+  std::map<std::string, int> fairness_preemptions;   // by the victim's tenant
+  std::map<std::string, int> admission_preemptions;  // by reason
 };
 
 struct LoopSetup {

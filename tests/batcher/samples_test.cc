@@ -4,8 +4,9 @@
 // sample i produces exactly what a request with seed + i produces alone
 // (tokens, text, finish), whether the backend copies the partly filled block
 // or the loop recomputes it, with caching on or off, under preemption and in
-// every batching mode; cancellation, deadlines and refusals end or refuse all
-// samples at once and leak no block.
+// every batching mode; a waiting request takes a sample's slot once they
+// part; cancellation, deadlines and refusals end or refuse all samples at
+// once and leak no block.
 #include <algorithm>
 #include <set>
 #include <string>
@@ -230,10 +231,13 @@ TEST_F(SamplesTest, TheSamplesAreAdmittedTogetherWithoutOvertaking) {
 TEST_F(SamplesTest, TheSamplesHoldTheirSlotsBeforeTheyPart) {
   // Four samples of a 13-token prompt, 4 prompt tokens a step: they run as
   // one sequence for three steps, but hold all four slots meanwhile, so a
-  // later request waits for them to finish.
+  // later request waits until they part; then it takes one sample's slot.
   MakeSamplingLoop({.max_batch_size = 4, .max_batch_tokens = 4});
+  backend_->never_eos_ = true;
   uint64_t group_id = 0, single_id = 0;
-  auto group = Submit(Sampled({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}, 3, 1, 4), &group_id);
+  GenerationRequest r = Sampled({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}, 8, 1, 4);
+  r.stop.clear();
+  auto group = Submit(std::move(r), &group_id);
   Tick();
   auto single = Submit(Sampled({4}, 3, 1), &single_id);
   Tick();
@@ -241,7 +245,56 @@ TEST_F(SamplesTest, TheSamplesHoldTheirSlotsBeforeTheyPart) {
   ASSERT_EQ(s.running.size(), 1u);  // before the fork
   EXPECT_EQ(s.running[0].id, group_id);
   EXPECT_THAT(s.waiting, ::testing::ElementsAre(single_id));
+  while (loop_->Snapshot().running.size() == 1) Tick();  // until the fork
+  Tick();
+  s = loop_->Snapshot();
+  EXPECT_THAT(s.waiting, ::testing::ElementsAre(group_id));
+  EXPECT_EQ(observer_.admission_preemptions["samples"], 1);
   RunUntilFinished({group, single});
+  EXPECT_EQ(Available(), 32);
+}
+
+TEST_F(SamplesTest, AWaitingRequestTakesASamplesSlotAndEverySampleStillEqualsItsRequest) {
+  // Four samples fill the batch; a single request arrives: it runs at the
+  // next step in place of the latest sample, which resumes when the single
+  // one ends, and every output is what it is alone.
+  constexpr int kN = 4, kMaxNew = 12;
+  const std::vector<int32_t> prompt = {5, 6, 7};
+  auto sampled = [&](uint64_t seed, int n) {
+    GenerationRequest r = Sampled(prompt, kMaxNew, seed, n);
+    r.stop.clear();
+    return r;
+  };
+  const GenerationRequest single_request = Request({4, 1}, 3);
+  std::vector<std::vector<int32_t>> alone;
+  for (int i = 0; i < kN; ++i) {
+    MakeSamplingLoop({.max_batch_size = kN});
+    backend_->never_eos_ = true;
+    auto sink = Submit(sampled(40 + i, 1));
+    RunUntilFinished({sink});
+    alone.push_back(sink->ids());
+  }
+  MakeSamplingLoop({.max_batch_size = kN});
+  backend_->never_eos_ = true;
+  auto single_alone = Submit(single_request);
+  RunUntilFinished({single_alone});
+  MakeSamplingLoop({.max_batch_size = kN});
+  backend_->never_eos_ = true;
+  auto group = Submit(sampled(40, kN));
+  Tick();
+  Tick();
+  ASSERT_EQ(loop_->Snapshot().running.size(), static_cast<size_t>(kN));
+  auto single = Submit(single_request);
+  Tick();
+  EXPECT_EQ(single->ids().size(), 1u);
+  EXPECT_EQ(observer_.admission_preemptions["samples"], 1);
+  RunUntilFinished({group, single});
+  EXPECT_EQ(single->ids(), single_alone->ids());
+  EXPECT_EQ(single->WaitFinal().finish_reason, single_alone->WaitFinal().finish_reason);
+  for (int i = 0; i < kN; ++i) {
+    EXPECT_EQ(group->WaitFinal(i).finish_reason, FinishReason::kLength);
+    EXPECT_THAT(group->ids(i), ElementsAreArray(alone[i])) << "sample " << i;
+  }
   EXPECT_EQ(Available(), 32);
 }
 

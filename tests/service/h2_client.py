@@ -18,7 +18,8 @@ class StalledClient:
     nothing. It answers pings, as a live but stuck process's kernel and
     HTTP/2 stack would until keepalive gave up."""
 
-    def __init__(self, address, payload):
+    def __init__(self, address, payload, headers=()):
+        """`headers`: more (name, value) request headers, e.g. authorization."""
         host, port = address.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)))
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
@@ -28,7 +29,7 @@ class StalledClient:
         self.conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"),
                                      (":path", "/coalesce.v1.Generator/Generate"),
                                      (":authority", address), ("content-type", "application/grpc"),
-                                     ("te", "trailers")])
+                                     ("te", "trailers")] + list(headers))
         self.conn.send_data(sid, b"\x00" + len(payload).to_bytes(4, "big") + payload,
                             end_stream=True)
         self.sock.sendall(self.conn.data_to_send())

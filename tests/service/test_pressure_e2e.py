@@ -1,12 +1,14 @@
 """End-to-end tests of the scheduler under pressure, against the real server:
 a KV cache far too small for the load (preemption must not change any
-output and must leak nothing), and far more concurrent requests than the
+output and must leak nothing), far more concurrent requests than the
 queue admits (the excess is refused at once, the rest complete correctly,
-and the server's memory stays bounded).
+and the server's memory stays bounded), and a full batch that a higher
+priority or a request's many samples cannot hold against a newcomer.
 
     /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/service/test_pressure_e2e.py
 """
 
+import threading
 import time
 
 import grpc
@@ -168,3 +170,86 @@ def test_queue_timeout(one_slot):
     # The slot is free again: the same request now runs (a few tries: under
     # ThreadSanitizer even an idle server can take 10 ms to parse and admit).
     assert wait_for(lambda: c.generate(short_req).code is None, 10, 0.05)
+
+
+@pytest.fixture(scope="module")
+def four_slots(pb):
+    server, client = start_server(["--max_batch_size=4", "--batch_window=0",
+                                   "--priority_aging=0"])
+    client.bind(pb)
+    yield client
+    server.kill()
+
+
+def preemptions(m, reason):
+    """coalesce_admission_preemptions_total{reason}: 0 before the first."""
+    return dict.get(m, ("coalesce_admission_preemptions_total", (("reason", reason),)), 0.0)
+
+
+def long_request(c, prompt, n=None):
+    r = c.request(prompt=prompt, max_new_tokens=400, n=n)
+    r.sampling.ignore_eos = True
+    return r
+
+
+def ended_at(c, req, results, key):
+    res = c.generate(req)
+    results[key] = (res, time.monotonic())
+
+
+def run_with_newcomer(c, holders, newcomer):
+    """Runs the `holders` requests; once they run, `newcomer`. Returns
+    {key: (Result, when it ended)} with keys the holders' indices and "new"."""
+    results = {}
+    threads = [threading.Thread(target=ended_at, args=(c, r, results, i))
+               for i, r in enumerate(holders)]
+    for t in threads:
+        t.start()
+    assert wait_for(lambda: c.metrics().get("coalesce_requests_running") == 4, 30, 0.002)
+    ended_at(c, newcomer, results, "new")
+    for t in threads:
+        t.join()
+    return results
+
+
+def test_a_request_s_samples_do_not_hold_the_batch(four_slots):
+    """The probe's experiment, scaled to stories260K: one request with n
+    samples as large as the batch, ignore_eos, hundreds of tokens each, used
+    to make everyone else wait until it ended. A newcomer now takes one
+    sample's slot at once and ends long before it; the samples' output is
+    what it is alone."""
+    c = four_slots
+    big = long_request(c, "Once upon a time", n=4)
+    short = c.request(prompt="The little dog", max_new_tokens=8)
+    solo_big, solo_short = c.generate(big), c.generate(short)
+    assert solo_big.code is None and len(solo_big.ids) == 1600, solo_big
+    before = wait_idle(c)
+    results = run_with_newcomer(c, [big], short)
+    (res_big, big_end), (res_short, short_end) = results[0], results["new"]
+    assert res_short.code is None and res_short.ids == solo_short.ids, res_short
+    assert short_end < big_end, "the newcomer waited for the request's samples to end"
+    assert res_big.code is None
+    for i in range(4):
+        assert res_big.samples[i].ids == solo_big.samples[i].ids, "sample %d changed" % i
+    after = wait_idle(c)
+    assert preemptions(after, "samples") > preemptions(before, "samples")
+
+
+def test_a_higher_priority_preempts_and_the_preempted_lose_nothing(four_slots):
+    """Four long requests of priority 0 fill the batch; one of priority 50
+    runs at once (it used to wait for one of them to end), and the preempted
+    one resumes and produces exactly its solo output."""
+    c = four_slots
+    lows = [long_request(c, p) for p in PROMPTS[:4]]
+    high = c.request(prompt=PROMPTS[4], max_new_tokens=8, priority=50)
+    solo = [c.generate(r) for r in lows + [high]]
+    before = wait_idle(c)
+    results = run_with_newcomer(c, lows, high)
+    res_high, high_end = results["new"]
+    assert res_high.code is None and res_high.ids == solo[4].ids, res_high
+    for i in range(4):
+        res, end = results[i]
+        assert res.code is None and res.ids == solo[i].ids, "request %d changed" % i
+        assert high_end < end, "the high priority waited for request %d" % i
+    after = wait_idle(c)
+    assert preemptions(after, "priority") == preemptions(before, "priority") + 1

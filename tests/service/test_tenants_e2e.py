@@ -3,8 +3,11 @@ stories260K with a real grpcio client: no key or a wrong one is
 UNAUTHENTICATED on every Generator call while health and reflection stay open;
 a key names its tenant in the metrics; a tenant over its streams or its tokens
 per minute gets RESOURCE_EXHAUSTED with the retry pushback trailer, and
-nobody else is disturbed; a priority above the tenant's maximum is capped; the
-file is re-read when it changes; no key reaches the log.
+nobody else is disturbed; a call reserves the most tokens it can use and gets
+back what it did not use, so bursts cannot overdraw a budget; a tenant's
+cached prompts are reachable only by itself and its prefix-cache group; a
+priority above the tenant's maximum is capped; the file is re-read when it
+changes; no key reaches the log.
 
     /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/service/test_tenants_e2e.py
 """
@@ -12,6 +15,7 @@ file is re-read when it changes; no key reaches the log.
 import hashlib
 import json
 import os
+import random
 import subprocess
 import threading
 import time
@@ -24,7 +28,8 @@ from e2e_support import SERVER, Client, Server, parse_metrics, wait_for
 
 PROMPT = [1, 403, 407, 261]
 KEYS = {"alpha": "alpha-key-9a1b2c", "beta": "beta-key-3d4e5f", "gamma": "gamma-key-6a7b8c",
-        "other": "other-key-0f0f0f"}
+        "other": "other-key-0f0f0f", "delta": "delta-key-1e2f3a", "org-a": "org-a-key-4b5c6d",
+        "org-b": "org-b-key-7e8f9a"}
 
 
 def tenant(name, **limits):
@@ -39,7 +44,8 @@ def write_keys(path, tenants):
 
 
 TENANTS = [tenant("alpha", max_streams=1, max_priority=0), tenant("beta", tokens_per_minute=60),
-           tenant("other", max_priority=10)]
+           tenant("other", max_priority=10), tenant("delta", tokens_per_minute=2000),
+           tenant("org-a", prefix_cache_group="org"), tenant("org-b", prefix_cache_group="org")]
 
 
 @pytest.fixture(scope="module")
@@ -195,14 +201,86 @@ def test_a_call_that_has_ended_holds_nothing_of_its_tenant(srv):
 
 def test_over_its_tokens_per_minute_a_tenant_is_told_when_to_retry(srv):
     as_tenant(srv, "beta")
-    first = srv.generate(srv.request(ids=PROMPT, max_new_tokens=70))
-    assert first.code is None, first
-    refused = srv.generate(srv.request(ids=PROMPT, max_new_tokens=4))
+    r = srv.request(ids=PROMPT, max_new_tokens=50)
+    r.sampling.ignore_eos = True
+    first = srv.generate(r)
+    assert first.code is None and len(first.ids) == 50, first
+    used = 54
+    # The next may use 4 + 40 tokens: more than what is left of the 60.
+    refused = srv.generate(srv.request(ids=PROMPT, max_new_tokens=40))
     assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED, refused
-    assert "used its 60 tokens per minute; retry in" in refused.details
-    # 74 used of 60: 15 tokens of debt at one a second.
-    assert 10_000 <= int(refused.trailing["grpc-retry-pushback-ms"]) <= 16_000
+    assert "used its 60 tokens per minute (this request may use 44); retry in" in refused.details
+    # 60 - used left (a little more by now), 44 wanted, at one token a second.
+    assert 0 < int(refused.trailing["grpc-retry-pushback-ms"]) <= (44 - (60 - used)) * 1000
     assert srv.metrics().get("coalesce_requests_rejected_total", reason="tenant_limit") >= 1
+
+
+def test_a_call_reserves_its_most_tokens_so_a_burst_cannot_overdraw(srv):
+    """The probe's experiment (tokens_per_minute 2000): two n=16 x 200-token
+    calls used to be admitted while the budget was positive, 3.2x the budget
+    in one burst. A call now reserves its prompt plus max_new_tokens for each
+    sample when it is admitted and gets back what it did not use."""
+    as_tenant(srv, "delta")
+    big = srv.request(ids=PROMPT, max_new_tokens=200, n=16)
+    for _ in range(2):
+        res = srv.generate(big)
+        assert res.code == grpc.StatusCode.RESOURCE_EXHAUSTED, res
+        assert ("may use 3204 tokens (its prompt and max_new_tokens for each of its samples) but "
+                "tenant delta's budget is 2000 tokens per minute") in res.details
+        assert res.trailing["grpc-retry-pushback-ms"] == "-1"  # no wait would do
+    # A call that stops at its first token gets back what it reserved.
+    first = srv.generate(srv.request(ids=PROMPT, max_new_tokens=1))
+    assert first.code is None, first
+    early = srv.request(ids=PROMPT, max_new_tokens=200, n=4)
+    early.sampling.stop_token_ids.append(first.ids[0])
+    res = srv.generate(early)
+    assert res.code is None and len(res.ids) == 4, res
+    # 2000 - 5 - 8 left: room for two calls that may each use 804, not three.
+    full = srv.request(ids=PROMPT, max_new_tokens=200, n=4)
+    full.sampling.ignore_eos = True
+    for _ in range(2):
+        res = srv.generate(full)
+        assert res.code is None and len(res.ids) == 800, res
+    res = srv.generate(full)
+    assert res.code == grpc.StatusCode.RESOURCE_EXHAUSTED, res
+    assert "(this request may use 804); retry in" in res.details
+    # 804 wanted, 2000 - 5 - 8 - 1608 = 379 left (and what refilled since
+    # the first call, 33 a second): at most 12.75 s.
+    assert 3_000 <= int(res.trailing["grpc-retry-pushback-ms"]) <= 12_750
+
+
+def cache_prompt(seed):
+    r = random.Random(seed)
+    return [1] + [r.randrange(3, 512) for _ in range(47)]
+
+
+def test_cached_prompts_stay_within_a_tenant_or_its_group(srv):
+    """The probe's experiment: a tenant used to find another's prompt in the
+    prefix cache (Usage.cached_prompt_tokens, and its time to first token),
+    and so could test guesses about it, even through the other's cache_salt.
+    Now the same text is cached across two tenants for neither, within one
+    tenant it is, across a shared prefix_cache_group it is, and another
+    tenant using the first's salt finds nothing."""
+    def cached(name, prompt, salt=""):
+        as_tenant(srv, name)
+        r = srv.request(ids=prompt, max_new_tokens=1)
+        r.cache_salt = salt
+        res = srv.generate(r)
+        assert res.code is None, res
+        return res.usage.cached_prompt_tokens
+
+    memo = cache_prompt(1)
+    assert cached("other", memo) == 0
+    assert cached("alpha", memo) == 0           # another tenant: nothing
+    assert cached("other", memo) > 0            # the same tenant: its own blocks
+    shared = cache_prompt(2)
+    assert cached("org-a", shared) == 0
+    assert cached("org-b", shared) > 0          # a shared group
+    assert cached("other", shared) == 0         # outside it
+    salted = cache_prompt(3)
+    assert cached("other", salted, salt="s3cret") == 0
+    assert cached("alpha", salted, salt="s3cret") == 0  # the other's salt opens nothing
+    assert cached("other", salted, salt="s3cret") > 0
 
 
 def test_a_changed_file_is_read_again(srv, keys_file):
@@ -212,7 +290,7 @@ def test_a_changed_file_is_read_again(srv, keys_file):
     write_keys(keys_file, TENANTS + [tenant("gamma")])
     assert wait_for(lambda: srv.generate(srv.request(ids=PROMPT, max_new_tokens=2)).code is None,
                     10)
-    assert "reloaded, 4 tenants" in srv.server.log()
+    assert "reloaded, %d tenants" % (len(TENANTS) + 1) in srv.server.log()
     write_keys(keys_file, TENANTS)
 
 
@@ -250,12 +328,12 @@ def test_a_priority_above_the_tenant_s_maximum_is_capped(pb, keys_file):
                 first_token[name] = start + res.times[0]
             c.close()
 
-        holder_client = as_tenant(Client(server).bind(pb), "beta")
+        holder_client = as_tenant(Client(server).bind(pb), "org-a")
         r = holder_client.request(ids=PROMPT, max_new_tokens=2000)
         r.sampling.ignore_eos = True
         holder = holder_client.generate_call(r)
         next(holder)  # its first token: it holds the one slot
-        first_token["beta"] = time.monotonic()
+        first_token["org-a"] = time.monotonic()
         assert gauge("coalesce_requests_running") == 1
         first = threading.Thread(target=run, args=("other", 40, 0))
         first.start()
@@ -275,6 +353,6 @@ def test_a_priority_above_the_tenant_s_maximum_is_capped(pb, keys_file):
             t.join()
         assert all(r.code is None for r in results.values()), results
         assert all(len(r.ids) == 40 for r in results.values()), results
-        assert first_token["beta"] < first_token["other"] < first_token["alpha"], first_token
+        assert first_token["org-a"] < first_token["other"] < first_token["alpha"], first_token
     finally:
         server.kill()
