@@ -6,11 +6,22 @@ a given time, then checks that the server came through it whole.
     tools/soak/soak.py --seconds=60 --json=out.json
 
 It starts the server (stories260K from ../shared/models, or $COALESCE_MODELS_DIR; a KV cache far too
-small for the load so that preemption never stops, a short stall timeout) and
-keeps WORKERS client threads busy with a random mix of:
+small for the load so that preemption never stops, a short stall timeout;
+tenants from an --api_keys_file: four, two of them sharing a prefix-cache
+group, one with a token budget the load overdraws) and keeps WORKERS client
+threads busy, each call as a random tenant, with a random mix of:
 
   exact       greedy and seeded sampled generations, each checked token for
               token against the same request run alone at the start;
+  samples     a seeded request for 4 samples, each checked against its
+              reference (they may be preempted for other requests);
+  priority    an exact request at priority 50, which preempts the others;
+  privacy     a fresh prompt sent by one tenant, then by a tenant outside its
+              prefix-cache partition, which must find none of it cached;
+  budget      requests of the tenant with the small budget: refused when it is
+              spent (with a wait), and one larger than a minute's budget
+              refused for good (pushback -1);
+  long        a 400-token prompt with prompt_logprobs beside the others;
   cancel      streams cancelled by the client after a few messages;
   deadline    calls with deadlines of 50 ms to 1 s (finished ones are exact);
   invalid     bad arguments, a prompt too long for the context, garbage bytes,
@@ -33,6 +44,7 @@ tests/service/e2e_protos.py (a descriptor set, no generated code).
 """
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -53,7 +65,16 @@ from e2e_protos import compile_descriptors, load_stubs  # noqa: E402
 MODELS = os.environ.get("COALESCE_MODELS_DIR") or os.path.join(REPO, "..", "shared", "models")
 PROMPTS = ["Once upon a time", "The little dog", "Tim and Sam", "The sun was hot",
            "Lily had a red ball", "One day, a bird", "Mom said", "The big tree"]
-KINDS = {"exact": 45, "cancel": 15, "deadline": 15, "invalid": 15, "misc": 10}
+KINDS = {"exact": 34, "cancel": 10, "deadline": 10, "invalid": 12, "misc": 8, "samples": 8,
+         "priority": 5, "privacy": 6, "budget": 4, "long": 3}
+# name: (key, what else the tenants file says of it)
+TENANTS = {"t-a": ("soak-key-a", {"max_priority": 50}),
+           "t-b": ("soak-key-b", {"prefix_cache_group": "org", "weight": 2}),
+           "t-c": ("soak-key-c", {"prefix_cache_group": "org"}),
+           "t-small": ("soak-key-small", {"tokens_per_minute": 1500})}
+# The tenants that share cached prompts with each.
+PARTITION = {"t-a": {"t-a"}, "t-b": {"t-b", "t-c"}, "t-c": {"t-b", "t-c"},
+             "t-small": {"t-small"}}
 
 
 def field(number, payload):
@@ -86,9 +107,14 @@ class Soak:
         """The server, on tools/harness/coalesce_harness.py."""
         model = ["--model=" + os.path.join(MODELS, "stories260K", "stories260K.bin"),
                  "--tokenizer=" + os.path.join(MODELS, "stories260K", "tok512.bin")]
+        keys = os.path.join(self.args.workdir, "tenants.json")
+        with open(keys, "w") as f:
+            json.dump({"tenants": [dict(name=name, key_sha256=hashlib.sha256(key.encode())
+                                        .hexdigest(), **extra)
+                                   for name, (key, extra) in TENANTS.items()]}, f)
         flags = ["--kv_cache_memory=600KiB", "--kv_block_size=16", "--max_batch_size=16",
                  "--max_batch_tokens=64", "--max_queue=256", "--stream_stall_timeout=200ms",
-                 "--grace_period=10s"] + self.args.server_flag
+                 "--grace_period=10s", "--api_keys_file=" + keys] + self.args.server_flag
         try:
             self.server = ServerProcess(self.args.server, flags, leading_flags=model,
                                         start_timeout_s=60)
@@ -149,12 +175,28 @@ class Soak:
             reqs.append(r)
         return reqs
 
+    def samples_request(self):
+        """A seeded request for 4 samples: sample i must equal its own
+        reference (self.sample_refs[i])."""
+        r = self.pb.g.GenerateRequest(prompt=PROMPTS[0], max_new_tokens=60, n=4,
+                                      request_id="samples")
+        r.sampling.temperature = 1.0
+        r.sampling.seed = 77
+        return r
+
     def run_stream(self, call):
         ids, last = [], None
         for m in call:
             ids.extend(m.token_ids)
             last = m
         return ids, last
+
+    def run_samples(self, call):
+        """{index: ids} of a call with several samples."""
+        out = {}
+        for m in call:
+            out.setdefault(m.index, []).extend(m.token_ids)
+        return out
 
     def worker(self, seed):
         rng = random.Random(seed)
@@ -166,10 +208,18 @@ class Soak:
         g = self.pb.g
         while not self.stop.is_set():
             kind = rng.choice(kinds)
+            tenant = "t-small" if kind == "budget" else rng.choice(["t-a", "t-b", "t-c"])
+            md = [("authorization", "Bearer " + TENANTS[tenant][0])]
             try:
-                if kind == "exact":
+                if kind == "exact" or kind == "priority":
                     i = rng.randrange(len(self.refs))
-                    ids, last = self.run_stream(s["generate"](self.reqs[i], timeout=120))
+                    req = self.reqs[i]
+                    if kind == "priority":
+                        tenant, md = "t-a", [("authorization", "Bearer " + TENANTS["t-a"][0])]
+                        req = g.GenerateRequest()
+                        req.CopyFrom(self.reqs[i])
+                        req.priority = 50
+                    ids, last = self.run_stream(s["generate"](req, timeout=120, metadata=md))
                     if ids != self.refs[i]:
                         self.fail("exact: request %d gave different tokens" % i)
                     elif last.usage.completion_tokens != len(ids):
@@ -177,9 +227,30 @@ class Soak:
                                                                      len(ids)))
                     else:
                         self.count(kind, "ok")
+                elif kind == "samples":
+                    got = self.run_samples(s["generate"](self.samples_req, timeout=120,
+                                                          metadata=md))
+                    if got != self.sample_refs:
+                        self.fail("samples: a sample gave different tokens")
+                    else:
+                        self.count(kind, "ok")
+                elif kind == "privacy":
+                    self.privacy(rng, s, tenant)
+                elif kind == "budget":
+                    self.budget(rng, s, md)
+                elif kind == "long":
+                    r = g.GenerateRequest(max_new_tokens=8, prompt_logprobs=True)
+                    r.prompt_token_ids.extend([1] + [rng.randrange(3, 512) for _ in range(399)])
+                    msgs = list(s["generate"](r, timeout=120, metadata=md))
+                    if len(msgs[0].prompt_logprobs) != 399:
+                        self.fail("long: %d prompt log-probabilities for 400 tokens"
+                                  % len(msgs[0].prompt_logprobs))
+                    else:
+                        self.count(kind, "ok")
                 elif kind == "cancel":
                     call = s["generate"](g.GenerateRequest(prompt=rng.choice(PROMPTS),
-                                                           max_new_tokens=400), timeout=120)
+                                                           max_new_tokens=400), timeout=120,
+                                         metadata=md)
                     n = rng.randrange(1, 6)
                     for k, _ in enumerate(call):
                         if k + 1 >= n:
@@ -190,7 +261,8 @@ class Soak:
                     i = rng.randrange(len(self.refs))
                     try:
                         ids, _ = self.run_stream(
-                            s["generate"](self.reqs[i], timeout=rng.uniform(0.05, 1.0)))
+                            s["generate"](self.reqs[i], timeout=rng.uniform(0.05, 1.0),
+                                          metadata=md))
                         if ids != self.refs[i]:
                             self.fail("deadline: request %d finished with different tokens" % i)
                         else:
@@ -200,14 +272,16 @@ class Soak:
                             raise
                         self.count(kind, "deadline_exceeded")
                 elif kind == "invalid":
-                    self.invalid(rng, s, gz_tok)
+                    self.invalid(rng, s, gz_tok, md)
                 else:
                     text = rng.choice(PROMPTS)
-                    ids = list(s["tokenize"](g.TokenizeRequest(text=text), timeout=30).token_ids)
-                    back = s["detokenize"](g.DetokenizeRequest(token_ids=ids), timeout=30).text
+                    ids = list(s["tokenize"](g.TokenizeRequest(text=text), timeout=30,
+                                             metadata=md).token_ids)
+                    back = s["detokenize"](g.DetokenizeRequest(token_ids=ids), timeout=30,
+                                           metadata=md).text
                     if back.lstrip(" ") != text:  # llama2c's dummy prefix space
                         self.fail("misc: Detokenize(Tokenize(%r)) gave %r" % (text, back))
-                    s["info"](g.GetModelInfoRequest(), timeout=30)
+                    s["info"](g.GetModelInfoRequest(), timeout=30, metadata=md)
                     if s["health"](self.pb.health.HealthCheckRequest(), timeout=30).status != 1:
                         self.fail("misc: health not SERVING")
                     self.count(kind, "ok")
@@ -219,26 +293,33 @@ class Soak:
         ch.close()
         gz.close()
 
-    def invalid(self, rng, s, gz_tok):
+    def invalid(self, rng, s, gz_tok, md):
         g = self.pb.g
-        case = rng.randrange(6)
+        case = rng.randrange(7)
         expect = grpc.StatusCode.INVALID_ARGUMENT
         try:
             if case == 0:
-                list(s["generate"](g.GenerateRequest(prompt="Hi", max_new_tokens=0), timeout=30))
+                list(s["generate"](g.GenerateRequest(prompt="Hi", max_new_tokens=0), timeout=30,
+                                   metadata=md))
             elif case == 1:
                 list(s["generate"](g.GenerateRequest(prompt="Hi " * 2000, max_new_tokens=8),
-                                   timeout=30))
+                                   timeout=30, metadata=md))
             elif case == 2:
-                list(s["generate_raw"](bytes(rng.randrange(256) for _ in range(24)), timeout=30))
+                list(s["generate_raw"](bytes(rng.randrange(256) for _ in range(24)), timeout=30,
+                                       metadata=md))
             elif case == 3:
-                list(s["generate_raw"](field(1, b"Hi \xff") + b"\x18\x04", timeout=30))
+                list(s["generate_raw"](field(1, b"Hi \xff") + b"\x18\x04", timeout=30,
+                                       metadata=md))
             elif case == 4:
                 list(s["generate"](g.GenerateRequest(prompt_token_ids=[9999], max_new_tokens=4),
-                                   timeout=30))
+                                   timeout=30, metadata=md))
+            elif case == 5:
+                expect = grpc.StatusCode.UNAUTHENTICATED
+                list(s["generate"](g.GenerateRequest(prompt="Hi", max_new_tokens=4), timeout=30,
+                                   metadata=[("authorization", "Bearer not-a-key")]))
             else:
                 expect = grpc.StatusCode.UNIMPLEMENTED
-                gz_tok(g.TokenizeRequest(text="x" * 100), timeout=30)
+                gz_tok(g.TokenizeRequest(text="x" * 100), timeout=30, metadata=md)
         except grpc.RpcError as e:
             if e.code() == expect:
                 self.count("invalid", "refused")
@@ -249,6 +330,51 @@ class Soak:
             return
         self.fail("invalid: case %d was accepted" % case)
 
+    def privacy(self, rng, s, tenant):
+        """A fresh prompt (never sent before) from `tenant`, then from one
+        outside its prefix-cache partition: the second finds nothing cached,
+        whatever the first left in the cache."""
+        other = rng.choice([t for t in ("t-a", "t-b", "t-c") if t not in PARTITION[tenant]])
+        r = self.pb.g.GenerateRequest(max_new_tokens=2)
+        r.prompt_token_ids.extend([1] + [rng.randrange(3, 512) for _ in range(63)])
+        cached = []
+        for who in (tenant, other):
+            md = [("authorization", "Bearer " + TENANTS[who][0])]
+            _, last = self.run_stream(s["generate"](r, timeout=120, metadata=md))
+            cached.append(last.usage.cached_prompt_tokens)
+        if cached[1] != 0:
+            self.fail("privacy: %s found %d tokens of %s's prompt cached"
+                      % (other, cached[1], tenant))
+        else:
+            self.count("privacy", "ok")
+
+    def budget(self, rng, s, md):
+        """The small budget (1500 tokens a minute): a call for 2 samples of
+        up to 100 tokens runs or is refused with a wait; one that could never
+        fit is refused for good."""
+        g = self.pb.g
+        never = rng.random() < 0.2
+        r = g.GenerateRequest(prompt=rng.choice(PROMPTS), max_new_tokens=200 if never else 100,
+                              n=8 if never else 2)
+        try:
+            self.run_stream(s["generate"](r, timeout=120, metadata=md))
+        except grpc.RpcError as e:
+            pushback = dict(e.trailing_metadata() or ()).get("grpc-retry-pushback-ms")
+            if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise
+            if never and (pushback != "-1" or "tokens per minute" not in e.details()):
+                self.fail("budget: a call larger than the budget got %r, pushback %s"
+                          % (e.details(), pushback))
+            elif not never and not int(pushback or 0) > 0:
+                self.fail("budget: refused without a wait: %r" % e.details())
+            else:
+                self.count("budget", "refused")
+            return
+        if never:
+            self.fail("budget: a call larger than a minute's budget ran")
+        else:
+            self.count("budget", "ok")
+
     def staller(self, rng):
         """Now and then, a client that stops reading (tests/service/h2_client.py)."""
         from h2_client import StalledClient
@@ -258,7 +384,8 @@ class Soak:
             request = self.pb.g.GenerateRequest(prompt=rng.choice(PROMPTS), max_new_tokens=450)
             request.sampling.temperature = 1.0
             payload = request.SerializeToString()
-            client = StalledClient(self.address, payload)
+            client = StalledClient(self.address, payload,
+                                   [("authorization", "Bearer " + TENANTS["t-a"][0])])
             # Ended by the server if it was still generating when the stall
             # timeout passed; otherwise it finished first, its slot free, and
             # only its last message waits (until the connection ages out).
@@ -274,8 +401,20 @@ class Soak:
         self.start_server()
         ch = self.channel()
         s = self.stubs(ch)
+        md = [("authorization", "Bearer " + TENANTS["t-a"][0])]
         self.reqs = self.exact_requests()
-        self.refs = [self.run_stream(s["generate"](r, timeout=120))[0] for r in self.reqs]
+        self.refs = [self.run_stream(s["generate"](r, timeout=120, metadata=md))[0]
+                     for r in self.reqs]
+        # Each sample alone: the request with the sample's seed.
+        self.samples_req = self.samples_request()
+        self.sample_refs = {}
+        for i in range(self.samples_req.n):
+            alone = self.pb.g.GenerateRequest()
+            alone.CopyFrom(self.samples_req)
+            alone.n = 1
+            alone.sampling.seed = self.samples_req.sampling.seed + i
+            self.sample_refs[i] = self.run_stream(s["generate"](alone, timeout=120,
+                                                                metadata=md))[0]
         ch.close()
         t0 = time.monotonic()
         self.sample(t0)
@@ -340,6 +479,8 @@ class Soak:
             "calls": {"%s/%s" % k: v for k, v in sorted(self.counts.items())},
             "generated_tokens": m.get("coalesce_generated_tokens_total"),
             "preemptions": m.get("coalesce_preemptions_total"),
+            "admission_preemptions": {k: v for k, v in m.items()
+                                      if k.startswith("coalesce_admission_preemptions_total")},
             "stalled_streams": m.get("coalesce_stalled_streams_total"),
             "rss_mib": {"start": round(self.samples[0][1] / 1024, 1),
                         "second_quarter_median": round(rss_mid / 1024, 1),
