@@ -25,19 +25,18 @@ StepCostModel::Features StepCostModel::FeaturesOf(const StepShape& shape) {
 }
 
 void StepCostModel::Observe(const StepShape& shape, absl::Duration duration) {
-  window_.push_back(
-      {FeaturesOf(shape), absl::ToDoubleSeconds(duration), shape.prefill_positions > 0});
-  if (window_.size() > static_cast<size_t>(kWindow)) window_.pop_front();
+  std::deque<Sample>& window = shape.prefill_positions > 0 ? prefill_ : decode_;
+  window.push_back({FeaturesOf(shape), absl::ToDoubleSeconds(duration)});
+  if (window.size() > static_cast<size_t>(kWindow)) window.pop_front();
   Fit();
 }
 
 bool StepCostModel::ready() const {
-  const auto prefill =
-      std::count_if(window_.begin(), window_.end(), [](const Sample& s) { return s.prefill; });
-  return window_.size() >= static_cast<size_t>(kMinSteps) && prefill >= kMinPrefillSteps;
+  return prefill_.size() + decode_.size() >= static_cast<size_t>(kMinSteps) &&
+         prefill_.size() >= static_cast<size_t>(kMinPrefillSteps);
 }
 
-// Least squares over the window with every coefficient at zero or above: a
+// Least squares over both windows with every coefficient at zero or above: a
 // coefficient that comes out negative is left out (kept at zero) and the
 // others fit again, until none is negative. A small ridge keeps features the
 // window does not vary (every step of one shape) from making the equations
@@ -50,12 +49,14 @@ void StepCostModel::Fit() {
     // Normal equations of the active features: A beta = b.
     double a[kFeatures][kFeatures] = {};
     double b[kFeatures] = {};
-    for (const Sample& s : window_) {
-      for (int i = 0; i < kFeatures; ++i) {
-        if (!active[i]) continue;
-        b[i] += s.x[i] * s.seconds;
-        for (int j = 0; j < kFeatures; ++j) {
-          if (active[j]) a[i][j] += s.x[i] * s.x[j];
+    for (const std::deque<Sample>* window : {&prefill_, &decode_}) {
+      for (const Sample& s : *window) {
+        for (int i = 0; i < kFeatures; ++i) {
+          if (!active[i]) continue;
+          b[i] += s.x[i] * s.seconds;
+          for (int j = 0; j < kFeatures; ++j) {
+            if (active[j]) a[i][j] += s.x[i] * s.x[j];
+          }
         }
       }
     }

@@ -17,10 +17,12 @@
 // prompt's late chunks cost more than its early ones; decodes and prompt
 // chunks attend at different costs per position, as a chunk's tokens share
 // the reads of their context). The coefficients are fit by least squares
-// over the last kWindow steps, each kept at zero or above (a coefficient the
-// steps cannot support is left out and the rest fit again). Until the
-// window holds kMinSteps steps of which kMinPrefillSteps ran prompt tokens,
-// the model is not ready and callers keep chunks small.
+// over the last kWindow steps that ran prompt tokens and the last kWindow
+// that did not (kept apart, so that a long run of decodes does not forget
+// what prompt tokens cost), each kept at zero or above (a coefficient the
+// steps cannot support is left out and the rest fit again). Until it has
+// seen kMinSteps steps of which kMinPrefillSteps ran prompt tokens, the
+// model is not ready and callers keep chunks small.
 #pragma once
 
 #include <array>
@@ -44,7 +46,7 @@ int64_t ChunkPositions(int cached, int tokens);
 
 class StepCostModel {
  public:
-  static constexpr int kWindow = 64;
+  static constexpr int kWindow = 32;
   static constexpr int kMinSteps = 8;
   static constexpr int kMinPrefillSteps = 3;
 
@@ -69,10 +71,10 @@ class StepCostModel {
   struct Sample {
     Features x;
     double seconds;
-    bool prefill;
   };
-  std::deque<Sample> window_;
-  Features coefficients_{};  // seconds per unit of each feature
+  std::deque<Sample> prefill_;  // steps that ran prompt tokens
+  std::deque<Sample> decode_;   // the others
+  Features coefficients_{};     // seconds per unit of each feature
 };
 
 }  // namespace coalesce::batcher
