@@ -40,6 +40,17 @@ StepShape RandomStep(std::mt19937& rng) {
   return s;
 }
 
+// A model that has seen 40 of those steps, timed exactly.
+StepCostModel Trained(unsigned seed = 4) {
+  StepCostModel model;
+  std::mt19937 rng(seed);
+  for (int i = 0; i < 40; ++i) {
+    const StepShape s = RandomStep(rng);
+    model.Observe(s, Machine(s));
+  }
+  return model;
+}
+
 TEST(StepCostTest, ChunkPositionsCountEachTokensContext) {
   EXPECT_EQ(ChunkPositions(0, 1), 1);      // the first token attends to itself
   EXPECT_EQ(ChunkPositions(0, 4), 10);     // 1 + 2 + 3 + 4
@@ -47,14 +58,10 @@ TEST(StepCostTest, ChunkPositionsCountEachTokensContext) {
 }
 
 TEST(StepCostTest, LearnsTheMachinesCoefficients) {
-  StepCostModel model;
-  std::mt19937 rng(1);
-  EXPECT_FALSE(model.ready());
-  for (int i = 0; i < 40; ++i) {
-    const StepShape s = RandomStep(rng);
-    model.Observe(s, Machine(s));
-  }
+  EXPECT_FALSE(StepCostModel().ready());
+  const StepCostModel model = Trained(1);
   EXPECT_TRUE(model.ready());
+  std::mt19937 rng(100);  // steps it has not seen
   for (int i = 0; i < 20; ++i) {
     const StepShape s = RandomStep(rng);
     EXPECT_NEAR(absl::ToDoubleMilliseconds(model.Predict(s)),
@@ -78,12 +85,7 @@ TEST(StepCostTest, NoisyStepsStillPredictWithinTheirNoise) {
 }
 
 TEST(StepCostTest, MaxChunkIsTheLargestThatKeepsTheTarget) {
-  StepCostModel model;
-  std::mt19937 rng(3);
-  for (int i = 0; i < 40; ++i) {
-    const StepShape s = RandomStep(rng);
-    model.Observe(s, Machine(s));
-  }
+  const StepCostModel model = Trained(3);
   StepShape decodes;
   for (int d = 0; d < 8; ++d) decodes += {.rows = 1, .decode_positions = 1000, .logit_rows = 1};
   for (const int cached : {0, 1000, 4000}) {
@@ -121,16 +123,6 @@ TEST(StepCostTest, ACoefficientTheStepsCannotSupportStaysAtZero) {
   EXPECT_NEAR(absl::ToDoubleMilliseconds(model.Predict(s)), absl::ToDoubleMilliseconds(Machine(s)),
               0.01);
   EXPECT_GE(model.Predict(StepShape{}), absl::ZeroDuration());
-}
-
-StepCostModel Trained() {
-  StepCostModel model;
-  std::mt19937 rng(4);
-  for (int i = 0; i < 40; ++i) {
-    const StepShape s = RandomStep(rng);
-    model.Observe(s, Machine(s));
-  }
-  return model;
 }
 
 TEST(StepTimeTargetTest, ChunksBesideDecodesFitTheTargetAndAloneTakeTheBudget) {
