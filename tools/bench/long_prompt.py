@@ -114,9 +114,11 @@ def random_prompt(rng, vocab, n):
 
 def run_config(name, binary, flags, args, pb):
     log_path = os.path.join(args.workdir, name.replace(" ", "_") + ".log")
+    # One channel for the whole run: no GOAWAY after --max_connection_age.
     server = ServerProcess(binary, ["--model=" + args.model, "--batch_window=0",
                                     "--max_batch_size=%d" % args.max_batch_size,
-                                    "--log_steps", "--log_level=debug"] + flags,
+                                    "--max_connection_age=inf", "--log_steps",
+                                    "--log_level=debug"] + flags,
                            log_path=log_path, start_timeout_s=300)
     try:
         client = Client(server.address, pb)
