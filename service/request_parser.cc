@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/utf8.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
@@ -73,40 +74,17 @@ absl::Status CheckStrings(const UnknownFieldSet& fields, const Descriptor& type,
 }  // namespace
 
 bool IsValidUtf8(std::string_view text, size_t* bad_offset) {
-  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
-  const size_t n = text.size();
   size_t i = 0;
-  while (i < n) {
-    const unsigned char c = s[i];
-    if (c < 0x80) {
+  while (i < text.size()) {
+    if (static_cast<unsigned char>(text[i]) < 0x80) {
       ++i;
       continue;
     }
-    int length;
-    unsigned char low = 0x80, high = 0xBF;  // the range of the second byte
-    if (c >= 0xC2 && c <= 0xDF) {
-      length = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      length = 3;
-      if (c == 0xE0) low = 0xA0;   // no overlong forms
-      if (c == 0xED) high = 0x9F;  // no surrogates
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      length = 4;
-      if (c == 0xF0) low = 0x90;   // no overlong forms
-      if (c == 0xF4) high = 0x8F;  // nothing above U+10FFFF
-    } else {
+    char32_t code_point;
+    const int length = DecodeUtf8Sequence(text.substr(i), &code_point);
+    if (length == 0) {
       *bad_offset = i;
       return false;
-    }
-    if (i + length > n || s[i + 1] < low || s[i + 1] > high) {
-      *bad_offset = i;
-      return false;
-    }
-    for (int k = 2; k < length; ++k) {
-      if ((s[i + k] & 0xC0) != 0x80) {
-        *bad_offset = i;
-        return false;
-      }
     }
     i += length;
   }

@@ -459,17 +459,26 @@ def test_health_answers_for_the_generator_service(pb):
 
 
 def test_a_request_id_cannot_forge_log_lines(pb):
+    """ASCII controls, and the Unicode ones a log viewer or terminal acts on
+    too: NEL, the line and paragraph separators (each breaks a line for
+    Python's splitlines and many viewers), the C1 CSI, and a right-to-left
+    override that shows the rest of the line reversed."""
     server, c = serve(pb, ["--log_level=debug"])
     try:
         forged = "2026-01-01T00:00:00.000Z E forged"
+        unicode = ["\u2028", "\u2029", "\x85", "\x9b", "\u202e"]
+        request_id = "evil\n" + forged + "\r\x1b[2J" + "".join(u + forged for u in unicode)
         call = c.generate_call(c.request(prompt="Once upon a time", max_new_tokens=400,
-                                         request_id="evil\n" + forged + "\r\x1b[2J"))
+                                         request_id=request_id))
         next(iter(call))
         call.cancel()
         assert wait_for(lambda: "evil\\n" + forged in server.log(), 5), server.log()
+        assert "\\u2028" + forged in server.log(), server.log()
         for line in server.log().splitlines():
             assert not line.startswith(forged), line
             assert "\x1b" not in line and "\r" not in line, repr(line)
+            for u in unicode:
+                assert u not in line, repr(line)
         wait_idle(c)
     finally:
         stop(server, c)
