@@ -47,9 +47,11 @@ def status_kib(server, field):
 
 
 def raw_call(client, method, payload, stream, timeout=30):
-    """Sends `payload` bytes as the request of `method` (no serialization);
-    returns (code, details) of the result, code None on success."""
-    path = "/coalesce.v1.Generator/" + method
+    """Sends `payload` bytes as the request of `method` (a Generator method,
+    or a whole path such as /grpc.health.v1.Health/Check) with no
+    serialization; returns (code, details) of the result, code None on
+    success."""
+    path = method if method.startswith("/") else "/coalesce.v1.Generator/" + method
     ident = lambda b: b  # noqa: E731
     if stream:
         call = client.channel.unary_stream(path, request_serializer=ident,
@@ -77,6 +79,16 @@ def field(number, payload):
 def varint_field(number, value):
     assert value < 128
     return bytes([number << 3, value])
+
+
+def varint(value):
+    """An unsigned varint: 7 bits a byte, low bits first."""
+    out = bytearray()
+    while True:
+        out.append((value & 0x7F) | (0x80 if value > 0x7F else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
 
 
 # ---------------------------------------------------------------------------
@@ -322,6 +334,18 @@ BAD_REQUESTS = [
      ["field sampling", "SamplingParams"]),
     ("Detokenize", False, b"\x0a\x05\x01\x02", ["DetokenizeRequest", "not a protobuf"]),
     ("GetModelInfo", False, b"\x07garbage", ["GetModelInfoRequest", "not a protobuf"]),
+    # A token id beyond 32 bits: protobuf would keep its low 32 bits (2^40 is
+    # token 0).
+    ("Generate", True, field(2, varint(5) + varint(1 << 40)) + varint_field(3, 4),
+     ["GenerateRequest", "field prompt_token_ids[1] is 1099511627776", "32 bits"]),
+    ("Detokenize", False, field(1, varint(1 << 40)), ["field token_ids[0] is 1099511627776"]),
+    ("Generate", True, field(1, b"Hi") + varint_field(3, 4) + field(4, field(11, varint(1 << 40))),
+     ["field sampling.stop_token_ids[0]"]),
+    # The health service parses its requests the same way.
+    ("/grpc.health.v1.Health/Check", False, b"\x07garbage",
+     ["grpc.health.v1.HealthCheckRequest", "not a protobuf"]),
+    ("/grpc.health.v1.Health/Watch", True, field(1, b"\xff"),
+     ["HealthCheckRequest", "field service", "UTF-8"]),
 ]
 
 
