@@ -313,11 +313,15 @@ std::unique_ptr<MetricsEndpoint> MetricsEndpoint::Start(
   try {
     // civetweb's defaults close the connection after each response, which
     // drops the rest of a pipelined batch of requests unanswered; with
-    // keep-alive each is answered in turn. Idle or slow connections are
-    // bounded in time so that none holds one of the few threads for long.
+    // keep-alive each is answered in turn. A connection holds one of the
+    // threads from its accept to its close, whatever it sends: one that
+    // sends its request slowly (or never), reads the response slowly, or
+    // idles between requests lets go of it after 2 s, and with 8 threads a
+    // few such clients leave a scrape free threads (4 threads, held 10 s
+    // each, once delayed every scrape by 10 s).
     auto exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
-        "listening_ports", address, "num_threads", "4", "enable_keep_alive", "yes",
-        "keep_alive_timeout_ms", "5000", "request_timeout_ms", "10000"});
+        "listening_ports", address, "num_threads", "8", "enable_keep_alive", "yes",
+        "keep_alive_timeout_ms", "2000", "request_timeout_ms", "2000"});
     exposer->RegisterCollectable(registry);
     return std::unique_ptr<MetricsEndpoint>(new MetricsEndpoint(std::move(exposer)));
   } catch (const std::exception& e) {

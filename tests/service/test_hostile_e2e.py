@@ -20,8 +20,8 @@ import time
 import grpc
 import pytest
 
-from e2e_support import (MODELS, SERVER, die_with_parent, run_concurrently, start_server,
-                         wait_for, wait_idle)
+from e2e_support import (MODELS, SERVER, coalesce_harness, die_with_parent, run_concurrently,
+                         start_server, wait_for, wait_idle)
 from h2_client import StalledClient
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -535,6 +535,41 @@ def test_a_client_that_stops_reading_loses_its_slot(pb):
     finally:
         if stalled is not None:
             stalled.close()
+        stop(server, c)
+
+
+# ---------------------------------------------------------------------------
+# 9. Connections that hold descriptors: half-open, too many, slow
+# ---------------------------------------------------------------------------
+
+def open_raw(port, send=b"", source="127.0.0.1"):
+    """A TCP connection to 127.0.0.1:port from `source`, having sent `send`."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind((source, 0))
+    s.connect(("127.0.0.1", port))
+    if send:
+        s.sendall(send)
+    return s
+
+
+def test_slow_metrics_clients_do_not_hold_up_a_scrape(pb):
+    """Connections to /metrics that never finish their request each held one
+    of its 4 threads for 10 s, so that 4 such clients delayed every scrape by
+    10 s. Twelve of them now delay a scrape by about 2 s at most."""
+    server, c = serve(pb, [])
+    try:
+        slow = [open_raw(server.metrics_port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+                for _ in range(12)]
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        text = coalesce_harness.read_metrics_text(server.metrics_port, timeout_s=30)
+        took = time.monotonic() - t0
+        print("a scrape beside 12 slow clients took %.2f s" % took)
+        assert "coalesce_requests_running" in text
+        assert took < 5, took
+        for s in slow:
+            s.close()
+    finally:
         stop(server, c)
 
 
