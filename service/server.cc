@@ -262,11 +262,18 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
       std::vector<std::string>{std::string(v1::Generator::service_full_name())});
 
   // 4. The gRPC server.
+  absl::StatusOr<std::unique_ptr<TlsCredentials>> tls = TlsCredentials::Start(options.tls);
+  if (!tls.ok()) {
+    Log(LogLevel::kError, std::string(tls.status().message()));
+    *exit_code = 2;
+    return nullptr;
+  }
+  s->tls_ = *std::move(tls);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int grpc_port = 0;
-  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port),
-                           ServerCredentialsFor(options.tls), &grpc_port);
+  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port), s->tls_->credentials(),
+                           &grpc_port);
   ConfigureConnections(options, builder);
   builder.RegisterService(s->service_.get());
   builder.RegisterService(s->health_.get());
