@@ -112,6 +112,10 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry, con
       stalled_streams_(NewCounter(*registry_, "coalesce_stalled_streams_total",
                                   "Generate streams ended because their client read nothing "
                                   "for --stream_stall_timeout (counted cancelled)")),
+      connections_refused_(NewCounter(*registry_, "coalesce_connections_refused_total",
+                                      "Connections to the gRPC port closed at once because "
+                                      "their peer address already held "
+                                      "--max_connections_per_peer")),
       preemptions_(NewCounter(*registry_, "coalesce_preemptions_total",
                               "Running sequences sent back to the queue for lack of KV blocks "
                               "(resumed later by recomputation)")),
@@ -306,6 +310,8 @@ void ServerMetrics::OnPrefixCacheLookup(int prompt_tokens, int cached_tokens) {
 }
 
 void ServerMetrics::OnStalledStream() { stalled_streams_.Increment(); }
+
+void ServerMetrics::OnConnectionRefused() { connections_refused_.Increment(); }
 
 std::unique_ptr<MetricsEndpoint> MetricsEndpoint::Start(
     const std::string& address, std::shared_ptr<prometheus::Registry> registry,

@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from e2e_support import (MODELS, SERVER, coalesce_harness, die_with_parent, run_concurrently,
-                         start_server, wait_for, wait_idle)
+                         start_server, time_to_close, wait_for, wait_idle)
 from h2_client import StalledClient
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -550,6 +550,70 @@ def open_raw(port, send=b"", source="127.0.0.1"):
     if send:
         s.sendall(send)
     return s
+
+
+def test_half_open_connections_are_closed_at_the_handshake_timeout(pb):
+    """A connection that sends nothing, only part of the HTTP/2 preface, or
+    the preface without SETTINGS once held its descriptor and about 26 KB
+    until keepalive gave up on it (40 s; over TLS 120 s, test_tls_e2e.py).
+    With --handshake_timeout=1s each is closed after about a second."""
+    server, c = serve(pb, ["--handshake_timeout=1s"])
+    try:
+        preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+        socks = [open_raw(server.port), open_raw(server.port, preface[:10]),
+                 open_raw(server.port, preface)]
+        times = [time_to_close(s, 8)[0] for s in socks]
+        print("half-open connections closed after %s s" % ["%.2f" % t if t else t for t in times])
+        for t in times:
+            assert t is not None and t < 4, times
+        for s in socks:
+            s.close()
+        # A real client is unaffected.
+        assert c.generate(c.request(prompt="Once upon a time", max_new_tokens=4)).code is None
+    finally:
+        stop(server, c)
+
+
+def test_a_peer_over_its_connection_limit_is_refused(pb):
+    """One client address could open connections until the process ran out of
+    descriptors. With --max_connections_per_peer=4 the fifth from one address
+    is reset at once, another address is not affected, and a connection that
+    closes frees its place."""
+    server, c = serve(pb, ["--max_connections_per_peer=4", "--handshake_timeout=60s"])
+    try:
+        assert c.info().name  # the client's own connection is the first
+        held = [open_raw(server.port) for _ in range(3)]
+        for s in held:
+            # Taken: the server sends its SETTINGS and keeps the connection.
+            closed, data = time_to_close(s, 0.5)
+            assert closed is None and data, (closed, data)
+        over = open_raw(server.port)
+        closed, data = time_to_close(over, 5)
+        assert closed is not None and closed < 2 and not data, (closed, data)
+        over.close()
+        other = open_raw(server.port, source="127.0.0.2")
+        closed, data = time_to_close(other, 0.5)
+        assert closed is None and data, "another address was refused"
+        other.close()
+        assert wait_for(lambda: "refused a connection from 127.0.0.1" in server.log(), 5), \
+            server.log()
+        assert c.metrics().get("coalesce_connections_refused_total") == 1
+        # A closed connection frees its place (once gRPC has closed its end).
+        held.pop().close()
+        deadline = time.monotonic() + 5
+        while True:
+            again = open_raw(server.port)
+            closed, data = time_to_close(again, 0.5)
+            if closed is None or time.monotonic() > deadline:
+                break
+            again.close()
+        assert closed is None and data, (closed, data)
+        # The client's own connection was never touched.
+        assert c.generate(c.request(prompt="Once upon a time", max_new_tokens=4)).code is None
+        for s in held + [again]:
+            s.close()
+    finally:
+        stop(server, c)
 
 
 def test_slow_metrics_clients_do_not_hold_up_a_scrape(pb):

@@ -14,6 +14,8 @@ import json
 import os
 import re
 import shutil
+import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -21,7 +23,7 @@ import time
 import grpc
 import pytest
 
-from e2e_support import SERVER, Client, Server, wait_for
+from e2e_support import SERVER, Client, Server, time_to_close, wait_for
 
 PROMPT = [1, 403, 407, 261]
 
@@ -235,6 +237,31 @@ def test_an_unusable_client_ca_keeps_the_last_good_one(pb, pki, tmp_path):
         assert wait_for(lambda: "not into a CA bundle that can be used" in server.log(start),
                         10), server.log(start)
         assert new_connection_generates(pb, server, pki, client="client1").code is None
+    finally:
+        server.kill()
+
+
+def test_a_connection_that_never_finishes_its_handshake_is_closed(pb, pki, tmp_path):
+    """A TCP connection that never starts its TLS handshake, and one that
+    finishes it but never sends the HTTP/2 preface, once held a descriptor and
+    memory for 120 s (gRPC's default handshake timeout) and 40 s (keepalive).
+    With --handshake_timeout=1s both are closed after about a second."""
+    server = tls_server(pki, str(tmp_path), extra=["--handshake_timeout=1s"])
+    try:
+        host, port = server.address.rsplit(":", 1)
+        silent = socket.create_connection((host, int(port)))
+        context = ssl.create_default_context(cafile=os.path.join(pki, "ca1.pem"))
+        context.set_alpn_protocols(["h2"])
+        quiet = context.wrap_socket(socket.create_connection((host, int(port))),
+                                    server_hostname="localhost")
+        assert quiet.selected_alpn_protocol() == "h2"
+        times = [time_to_close(s, 8)[0] for s in (silent, quiet)]
+        print("TLS connections closed after %s s" % ["%.2f" % t if t else t for t in times])
+        for t in times:
+            assert t is not None and t < 4, times
+        silent.close()
+        quiet.close()
+        assert new_connection_generates(pb, server, pki).code is None
     finally:
         server.kill()
 
