@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/utf8.h"
 
 namespace coalesce {
 namespace {
@@ -21,6 +22,17 @@ struct Budget {
   int written = 0;     // lines written in this window
   int suppressed = 0;  // lines dropped since the last one written
 };
+
+// Characters beyond ASCII that a terminal or log viewer acts on: the C1
+// controls (NEL breaks a line, CSI starts an escape sequence), the line and
+// paragraph separators, and the bidirectional controls that make text show
+// in another order than it was written ("Trojan Source").
+bool IsUnsafeCodePoint(char32_t cp) {
+  return (cp >= 0x80 && cp <= 0x9F) || cp == 0x2028 || cp == 0x2029 || cp == 0x061C ||
+         cp == 0x200E || cp == 0x200F || (cp >= 0x202A && cp <= 0x202E) ||
+         (cp >= 0x2066 && cp <= 0x2069);
+}
+
 }  // namespace
 
 void SetLogLevel(LogLevel level) { g_level = static_cast<int>(level); }
@@ -30,8 +42,27 @@ bool LogEnabled(LogLevel level) { return static_cast<int>(level) >= g_level; }
 std::string EscapeForLog(std::string_view message) {
   std::string out;
   out.reserve(message.size());
-  for (const char c : message) {
+  size_t i = 0;
+  while (i < message.size()) {
+    const char c = message[i];
     const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x80) {
+      char32_t cp = 0;
+      const int length = DecodeUtf8Sequence(message.substr(i), &cp);
+      if (length == 0) {
+        absl::StrAppendFormat(&out, "\\x%02x", byte);
+        ++i;
+      } else {
+        if (IsUnsafeCodePoint(cp)) {
+          absl::StrAppendFormat(&out, "\\u%04x", static_cast<uint32_t>(cp));
+        } else {
+          out.append(message.substr(i, length));
+        }
+        i += length;
+      }
+      continue;
+    }
+    ++i;
     if (byte >= 0x20 && byte != 0x7f) {
       out += c;
     } else if (c == '\n') {

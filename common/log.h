@@ -2,7 +2,11 @@
 // The level is set once, from a flag, in main().
 //
 // A message can never forge a line: control characters in it (a newline in
-// a client's request_id, say) are written escaped ("\n", "\x1b").
+// a client's request_id, say) are written escaped ("\n", "\x1b"), and so are
+// the characters beyond ASCII that terminals and log viewers act on (NEL,
+// U+2028 and U+2029 break lines, the C1 CSI starts an escape sequence, the
+// bidirectional controls reorder what follows): "\u2028". Bytes that are not
+// UTF-8 are escaped one by one, so a line is always UTF-8.
 #pragma once
 
 #include <string>
@@ -33,7 +37,8 @@ inline constexpr int kLogBurst = 5;
 inline constexpr int kLogWindowSeconds = 10;
 void LogRateLimited(std::string_view key, LogLevel level, std::string_view message);
 
-// `message` with every control character (and DEL) escaped.
+// `message` with every control character (and DEL), the Unicode line breaks
+// and bidirectional controls, and every byte that is not UTF-8 escaped.
 std::string EscapeForLog(std::string_view message);
 
 }  // namespace coalesce

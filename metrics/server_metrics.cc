@@ -112,6 +112,10 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry, con
       stalled_streams_(NewCounter(*registry_, "coalesce_stalled_streams_total",
                                   "Generate streams ended because their client read nothing "
                                   "for --stream_stall_timeout (counted cancelled)")),
+      connections_refused_(NewCounter(*registry_, "coalesce_connections_refused_total",
+                                      "Connections to the gRPC port closed at once because "
+                                      "their peer address already held "
+                                      "--max_connections_per_peer")),
       preemptions_(NewCounter(*registry_, "coalesce_preemptions_total",
                               "Running sequences sent back to the queue for lack of KV blocks "
                               "(resumed later by recomputation)")),
@@ -307,17 +311,23 @@ void ServerMetrics::OnPrefixCacheLookup(int prompt_tokens, int cached_tokens) {
 
 void ServerMetrics::OnStalledStream() { stalled_streams_.Increment(); }
 
+void ServerMetrics::OnConnectionRefused() { connections_refused_.Increment(); }
+
 std::unique_ptr<MetricsEndpoint> MetricsEndpoint::Start(
     const std::string& address, std::shared_ptr<prometheus::Registry> registry,
     std::string* error) {
   try {
     // civetweb's defaults close the connection after each response, which
     // drops the rest of a pipelined batch of requests unanswered; with
-    // keep-alive each is answered in turn. Idle or slow connections are
-    // bounded in time so that none holds one of the few threads for long.
+    // keep-alive each is answered in turn. A connection holds one of the
+    // threads from its accept to its close, whatever it sends: one that
+    // sends its request slowly (or never), reads the response slowly, or
+    // idles between requests lets go of it after 2 s, and with 8 threads a
+    // few such clients leave a scrape free threads (4 threads, held 10 s
+    // each, once delayed every scrape by 10 s).
     auto exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
-        "listening_ports", address, "num_threads", "4", "enable_keep_alive", "yes",
-        "keep_alive_timeout_ms", "5000", "request_timeout_ms", "10000"});
+        "listening_ports", address, "num_threads", "8", "enable_keep_alive", "yes",
+        "keep_alive_timeout_ms", "2000", "request_timeout_ms", "2000"});
     exposer->RegisterCollectable(registry);
     return std::unique_ptr<MetricsEndpoint>(new MetricsEndpoint(std::move(exposer)));
   } catch (const std::exception& e) {

@@ -56,6 +56,10 @@ class ServerMetrics : public batcher::LoopObserver {
   // A Generate stream ended because its client stopped reading.
   void OnStalledStream();
 
+  // A connection to the gRPC port closed at once: its peer address already
+  // held --max_connections_per_peer.
+  void OnConnectionRefused();
+
   // A request that ended before the engine loop took it (validation,
   // draining, full queue, a tenant's limit), by lower-case status code
   // name, and its tenant's (--api_keys_file; empty: none named).
@@ -88,6 +92,7 @@ class ServerMetrics : public batcher::LoopObserver {
   // Time to first token by tenant.
   prometheus::Family<prometheus::Histogram>& tenant_time_to_first_token_;
   prometheus::Counter& stalled_streams_;
+  prometheus::Counter& connections_refused_;
   prometheus::Counter& preemptions_;
   prometheus::Family<prometheus::Histogram>& batch_tokens_;
   prometheus::Histogram& prefill_tokens_per_step_;

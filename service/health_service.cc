@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "service/grpc_status.h"
+#include "service/request_parser.h"
 
 namespace coalesce::service {
 
@@ -17,8 +19,7 @@ using grpc::health::v1::HealthCheckResponse;
 // flight or a Finish that one thread has claimed keeps the reactor alive
 // until that thread is done with it, since gRPC deletes it (OnDone) only
 // after Finish.
-class HealthService::WatchReactor
-    : public grpc::ServerWriteReactor<grpc::health::v1::HealthCheckResponse> {
+class HealthService::WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   WatchReactor(HealthService* service, std::string name)
       : service_(service), name_(std::move(name)) {}
@@ -43,7 +44,9 @@ class HealthService::WatchReactor
     if (!sent_any_ || now != sent_) {
       sent_any_ = true;
       sent_ = now;
-      message_.set_status(now);
+      HealthCheckResponse response;
+      response.set_status(now);
+      message_ = SerializeMessage(response);
       write_in_flight_ = true;
       return Action::kWrite;
     }
@@ -109,7 +112,7 @@ class HealthService::WatchReactor
   Status sent_ = HealthCheckResponse::UNKNOWN;
   grpc::Status finish_status_;
   // Touched only by the thread that started the write in flight.
-  HealthCheckResponse message_;
+  grpc::ByteBuffer message_;
 };
 
 HealthService::HealthService(std::vector<std::string> services) : services_(std::move(services)) {}
@@ -157,13 +160,18 @@ void HealthService::NotifyAll() {
 }
 
 grpc::ServerUnaryReactor* HealthService::Check(grpc::CallbackServerContext* context,
-                                               const HealthCheckRequest* request,
-                                               HealthCheckResponse* response) {
+                                               const grpc::ByteBuffer* request,
+                                               grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  HealthCheckRequest parsed;
+  if (absl::Status s = ParseRequest(*request, &parsed); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
   Status status;
   {
     absl::MutexLock lock(&mu_);
-    status = StatusOfLocked(request->service());
+    status = StatusOfLocked(parsed.service());
   }
   if (status == HealthCheckResponse::SERVICE_UNKNOWN) {
     std::vector<std::string> known = {"\"\""};
@@ -173,14 +181,26 @@ grpc::ServerUnaryReactor* HealthService::Check(grpc::CallbackServerContext* cont
         absl::StrCat("unknown service name; this server reports on ", absl::StrJoin(known, ", "))));
     return reactor;
   }
-  response->set_status(status);
+  HealthCheckResponse out;
+  out.set_status(status);
+  *response = SerializeMessage(out);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
 
-grpc::ServerWriteReactor<HealthCheckResponse>* HealthService::Watch(
-    grpc::CallbackServerContext*, const HealthCheckRequest* request) {
-  auto* watch = new WatchReactor(this, request->service());
+grpc::ServerWriteReactor<grpc::ByteBuffer>* HealthService::Watch(grpc::CallbackServerContext*,
+                                                                 const grpc::ByteBuffer* request) {
+  HealthCheckRequest parsed;
+  if (absl::Status s = ParseRequest(*request, &parsed); !s.ok()) {
+    // A reactor that only finishes: never in watches_.
+    class Refused : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+     public:
+      explicit Refused(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+      void OnDone() override { delete this; }
+    };
+    return new Refused(s);
+  }
+  auto* watch = new WatchReactor(this, parsed.service());
   WatchReactor::Action action;
   {
     absl::MutexLock lock(&mu_);

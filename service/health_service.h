@@ -8,6 +8,10 @@
 // left to generate still waited out the whole grace period. Here a drain
 // (Shutdown) sends NOT_SERVING to every Watch and then ends it with
 // UNAVAILABLE, so only generations hold a drain.
+//
+// Requests arrive as raw bytes and are parsed as the Generator's are
+// (service/request_parser.h): bytes that are not a HealthCheckRequest get
+// INVALID_ARGUMENT naming the problem, as every other method answers.
 #pragma once
 
 #include <set>
@@ -20,7 +24,10 @@
 
 namespace coalesce::service {
 
-class HealthService final : public grpc::health::v1::Health::CallbackService {
+using RawHealthService = grpc::health::v1::Health::WithRawCallbackMethod_Check<
+    grpc::health::v1::Health::WithRawCallbackMethod_Watch<grpc::health::v1::Health::Service>>;
+
+class HealthService final : public RawHealthService {
  public:
   // The service names answered besides "" (the server).
   explicit HealthService(std::vector<std::string> services);
@@ -33,11 +40,10 @@ class HealthService final : public grpc::health::v1::Health::CallbackService {
   void Shutdown();
 
   grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext* context,
-                                  const grpc::health::v1::HealthCheckRequest* request,
-                                  grpc::health::v1::HealthCheckResponse* response) override;
-  grpc::ServerWriteReactor<grpc::health::v1::HealthCheckResponse>* Watch(
-      grpc::CallbackServerContext* context,
-      const grpc::health::v1::HealthCheckRequest* request) override;
+                                  const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Watch(grpc::CallbackServerContext* context,
+                                                    const grpc::ByteBuffer* request) override;
 
  private:
   class WatchReactor;

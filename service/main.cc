@@ -146,6 +146,13 @@ ABSL_FLAG(absl::Duration, keepalive_time, Defaults().keepalive_time,
           "Ping an idle connection after this long, to find dead peers.");
 ABSL_FLAG(absl::Duration, keepalive_timeout, Defaults().keepalive_timeout,
           "Close a connection whose keepalive ping got no answer within this long.");
+ABSL_FLAG(absl::Duration, handshake_timeout, Defaults().handshake_timeout,
+          "Close a connection that has not finished its TLS handshake and sent the HTTP/2 "
+          "preface and SETTINGS within this long (gRPC's default is 120s), so that half-open "
+          "connections do not hold descriptors and memory.");
+ABSL_FLAG(int, max_connections_per_peer, Defaults().max_connections_per_peer,
+          "Most connections to the gRPC port from one client address (IPv6 or IPv4, port "
+          "aside); one more is closed at once. 0: no limit.");
 ABSL_FLAG(int, max_request_bytes, Defaults().max_request_bytes,
           "Largest request message accepted (RESOURCE_EXHAUSTED above it).");
 ABSL_FLAG(std::string, tls_cert_file, "",
@@ -269,6 +276,14 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   o.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
   o.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);
   o.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout);
+  o.handshake_timeout = absl::GetFlag(FLAGS_handshake_timeout);
+  if (o.handshake_timeout < absl::Milliseconds(1) || o.handshake_timeout > absl::Hours(24)) {
+    return absl::InvalidArgumentError("--handshake_timeout must be in [1ms, 24h]");
+  }
+  o.max_connections_per_peer = absl::GetFlag(FLAGS_max_connections_per_peer);
+  if (o.max_connections_per_peer < 0) {
+    return absl::InvalidArgumentError("--max_connections_per_peer must be 0 (no limit) or more");
+  }
   o.log_steps = absl::GetFlag(FLAGS_log_steps);
   o.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   absl::StatusOr<std::optional<bool>> overlap =

@@ -5,7 +5,9 @@
 // unthrottled log line for every string field that is not UTF-8. The
 // service takes its requests as raw bytes instead and parses them here:
 // every failure is INVALID_ARGUMENT naming the problem, and the field when
-// one is to blame.
+// one is to blame. A 32-bit integer field (a token id, max_new_tokens) whose
+// varint holds more than 32 bits is refused too: protobuf would keep its low
+// 32 bits, so that 2^40 became token 0.
 #pragma once
 
 #include <cstddef>

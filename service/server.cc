@@ -23,13 +23,14 @@
 namespace coalesce::service {
 namespace {
 
+// A duration as a channel argument's milliseconds.
+int Millis(absl::Duration d) {
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d), INT32_MAX));
+}
+
 // Connection settings: limits on what a client may send, and how long a
 // connection lives and is kept alive.
 void ConfigureConnections(const ServerOptions& options, grpc::ServerBuilder& builder) {
-  // A port another process listens on is a start-up error: with
-  // SO_REUSEPORT (gRPC's default) a second server would share it, and new
-  // connections would be split between two servers, perhaps of two models.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(options.max_request_bytes);
   // Compressed requests are refused (UNIMPLEMENTED, before any message is
   // read): gRPC checks --max_request_bytes against the compressed size and
@@ -40,15 +41,18 @@ void ConfigureConnections(const ServerOptions& options, grpc::ServerBuilder& bui
   // Connection ageing: a GOAWAY after max_connection_age makes clients
   // reconnect (and re-resolve, so new replicas get traffic); running streams
   // get the grace period to finish first.
-  auto millis = [](absl::Duration d) {
-    return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d), INT32_MAX));
-  };
   if (options.max_connection_age < absl::InfiniteDuration()) {
-    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, millis(options.max_connection_age));
-    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, millis(options.grace_period));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, Millis(options.max_connection_age));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, Millis(options.grace_period));
   }
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, millis(options.keepalive_time));
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, millis(options.keepalive_timeout));
+  // A connection must finish its TLS handshake and send the HTTP/2 preface
+  // and SETTINGS within the handshake timeout (gRPC's own deadline covers
+  // both); gRPC's default of 120 s let a client hold half-open connections,
+  // a descriptor and about 27 KiB of memory each, for two minutes.
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             Millis(options.handshake_timeout));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, Millis(options.keepalive_time));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Millis(options.keepalive_timeout));
   // Accept client keepalive pings as often as every 10 s, even between calls.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
@@ -261,22 +265,39 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
   s->health_ = std::make_unique<HealthService>(
       std::vector<std::string>{std::string(v1::Generator::service_full_name())});
 
-  // 4. The gRPC server.
+  // 4. The gRPC server, on a port of our own accept loop (service/listener.h).
+  absl::StatusOr<std::unique_ptr<TlsCredentials>> tls = TlsCredentials::Start(options.tls);
+  if (!tls.ok()) {
+    Log(LogLevel::kError, std::string(tls.status().message()));
+    *exit_code = 2;
+    return nullptr;
+  }
+  s->tls_ = *std::move(tls);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  int grpc_port = 0;
-  builder.AddListeningPort(absl::StrCat(options.host, ":", options.port),
-                           ServerCredentialsFor(options.tls), &grpc_port);
+  metrics::ServerMetrics* server_metrics = s->metrics_.get();
+  absl::StatusOr<std::unique_ptr<Listener>> listener =
+      Listener::Bind({.host = options.host,
+                      .port = options.port,
+                      .max_connections_per_peer = options.max_connections_per_peer,
+                      .on_refused = [server_metrics] { server_metrics->OnConnectionRefused(); }},
+                     s->tls_->credentials(), &builder);
+  if (!listener.ok()) {
+    Log(LogLevel::kError, absl::StrCat("cannot listen on ", options.host, ":", options.port, ": ",
+                                       listener.status().message()));
+    return nullptr;
+  }
+  s->listener_ = *std::move(listener);
+  const int grpc_port = s->listener_->port();
   ConfigureConnections(options, builder);
   builder.RegisterService(s->service_.get());
   builder.RegisterService(s->health_.get());
   s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || grpc_port == 0) {
-    const std::string why = ListenError(options.host, options.port);
-    Log(LogLevel::kError, absl::StrCat("cannot listen on ", options.host, ":", options.port,
-                                       why.empty() ? "" : ": ", why));
+  if (s->server_ == nullptr) {
+    Log(LogLevel::kError, "cannot start the gRPC server");
     return nullptr;
   }
+  s->listener_->Start();
   if (options.health_port >= 0) {
     // Probes that cannot speak TLS: the health service alone, in plaintext.
     s->plain_health_ = std::make_unique<HealthService>(
@@ -285,11 +306,19 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
     int health_port = 0;
     health_builder.AddListeningPort(absl::StrCat(options.host, ":", options.health_port),
                                     grpc::InsecureServerCredentials(), &health_port);
+    // A port another process listens on is a start-up error: with
+    // SO_REUSEPORT (gRPC's default) a second server would share it. (The
+    // gRPC port is bound by the Listener, without it.)
+    health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    health_builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                                      Millis(options.handshake_timeout));
     health_builder.RegisterService(s->plain_health_.get());
     s->health_server_ = health_builder.BuildAndStart();
     if (s->health_server_ == nullptr || health_port == 0) {
-      Log(LogLevel::kError, absl::StrCat("cannot listen on ", options.host, ":",
-                                         options.health_port, " (--health_port)"));
+      const std::string why = ListenError(options.host, options.health_port);
+      Log(LogLevel::kError,
+          absl::StrCat("cannot listen on ", options.host, ":", options.health_port,
+                       " (--health_port)", why.empty() ? "" : ": ", why));
       return nullptr;
     }
     s->plain_health_->SetServing(true);
@@ -318,7 +347,10 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
 
 // The members go in reverse order of their building: the gRPC server first,
 // the engine loop (which stops itself) before its backend, the model last.
-Server::~Server() = default;
+// The accept loop stops before: it hands nothing to a server going away.
+Server::~Server() {
+  if (listener_ != nullptr) listener_->Stop();
+}
 
 int Server::WaitAndDrain() {
   const ShutdownReason reason = shutdown_.Wait();
@@ -328,6 +360,9 @@ int Server::WaitAndDrain() {
   LogF(device_lost ? LogLevel::kError : LogLevel::kInfo, "%s: draining for at most %s", reason.why,
        absl::FormatDuration(drain));
   const absl::Time drain_end = absl::Now() + drain;
+  // New connections are refused from here (gRPC's Shutdown would drop what
+  // the accept loop handed it after).
+  listener_->Stop();
   health_->Shutdown();
   if (plain_health_ != nullptr) plain_health_->Shutdown();
   // Shutdown sends GOAWAY at once: clients stop sending new calls here, while

@@ -15,9 +15,11 @@
 #include "metrics/server_metrics.h"
 #include "service/generator_service.h"
 #include "service/health_service.h"
+#include "service/listener.h"
 #include "service/server_options.h"
 #include "service/shutdown.h"
 #include "service/tenants.h"
+#include "service/tls.h"
 
 namespace coalesce::service {
 
@@ -63,6 +65,10 @@ class Server {
   std::unique_ptr<GeneratorService> service_;
   std::unique_ptr<Tenants> tenants_;  // --api_keys_file; outlives the service's calls
   std::unique_ptr<HealthService> health_;
+  // The port's credentials (gRPC asks them for the certificate at each
+  // handshake) and its accept loop: both outlive the gRPC server.
+  std::unique_ptr<TlsCredentials> tls_;
+  std::unique_ptr<Listener> listener_;
   std::unique_ptr<grpc::Server> server_;
   // --health_port: the health service alone, in plaintext.
   std::unique_ptr<HealthService> plain_health_;

@@ -64,6 +64,11 @@ struct ServerOptions {
   absl::Duration max_connection_age = absl::Minutes(5);
   absl::Duration keepalive_time = absl::Seconds(30);
   absl::Duration keepalive_timeout = absl::Seconds(10);
+  // A connection that has not finished its TLS handshake and sent the HTTP/2
+  // preface and SETTINGS within this long is closed.
+  absl::Duration handshake_timeout = absl::Seconds(10);
+  // Connections to the gRPC port one peer address may hold; 0: no limit.
+  int max_connections_per_peer = 100;
   bool log_steps = false;
   // Reuse the KV blocks of cached prompt prefixes (batcher/block_pool.h).
   bool prefix_caching = true;

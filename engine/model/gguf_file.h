@@ -64,6 +64,13 @@ enum class GgufValueType : uint32_t {
 // "uint8", ..., "float64", "bool", "string", "array"; "unknown" otherwise.
 const char* GgufValueTypeName(GgufValueType type);
 
+// A special token id (tokenizer.ggml.*_token_id) of 0xFFFFFFFF names no
+// token: it is llama.cpp's "none" (-1) as uint32, which its
+// llama-convert-llama2c-to-ggml writes for the padding id (llama.cpp reads
+// that file with no padding token). The loaders read it as the key being
+// absent.
+inline constexpr uint64_t kGgufNoTokenId = 0xFFFFFFFF;
+
 // Arrays of arrays nest at most this deep (an array of arrays of scalars is
 // depth 2). Real files use depth 1.
 inline constexpr int kGgufMaxArrayDepth = 8;

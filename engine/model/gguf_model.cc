@@ -93,10 +93,11 @@ class Metadata {
     return v->AsString();
   }
 
-  // A token id below `vocab_size`, or nullopt when absent.
+  // A token id below `vocab_size`, or nullopt when absent or llama.cpp's
+  // "none" (kGgufNoTokenId).
   absl::StatusOr<std::optional<int32_t>> TokenId(std::string_view key, int vocab_size) const {
     const GgufValue* v = Find(key);
-    if (v == nullptr) return std::optional<int32_t>();
+    if (v == nullptr || v->AsUint() == kGgufNoTokenId) return std::optional<int32_t>();
     const std::optional<int64_t> id = v->AsInt();
     if (!id || *id < 0 || *id >= vocab_size) {
       return Error(key, absl::StrCat("is ", v->Describe(),

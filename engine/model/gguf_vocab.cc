@@ -30,10 +30,12 @@ absl::StatusOr<std::optional<bool>> OptBool(const GgufFile& file, std::string_vi
 }
 
 // A token id: an integer >= 0 that fits in int32 (BuildGgufTokenizer checks
-// it against the vocabulary).
+// it against the vocabulary); absent, or llama.cpp's "none"
+// (kGgufNoTokenId), is nullopt.
 absl::StatusOr<std::optional<int32_t>> OptId(const GgufFile& file, std::string_view key) {
   if (file.Find(key) == nullptr) return std::optional<int32_t>();
   ASSIGN_OR_RETURN(uint64_t value, file.GetUint(key));
+  if (value == kGgufNoTokenId) return std::optional<int32_t>();
   if (value > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
     return absl::InvalidArgumentError(absl::StrCat(file.path(), ": ", std::string(key), " = ",
                                                    value, " is outside the vocabulary"));

@@ -17,6 +17,7 @@ Environment:
 import concurrent.futures
 import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -371,6 +372,26 @@ def wait_for(predicate, timeout, interval=0.05):
         if time.monotonic() > end:
             return value
         time.sleep(interval)
+
+
+def time_to_close(s, limit_s):
+    """Reads the socket `s` (plain or TLS) until the server closes it (end of
+    stream, reset, or a TLS error); returns (seconds it took, bytes received),
+    or (None, bytes) if it is still open after limit_s."""
+    t0 = time.monotonic()
+    data = b""
+    s.settimeout(0.2)
+    while time.monotonic() - t0 < limit_s:
+        try:
+            chunk = s.recv(65536)
+        except socket.timeout:
+            continue
+        except OSError:  # a reset, or ssl.SSLError
+            return time.monotonic() - t0, data
+        if not chunk:
+            return time.monotonic() - t0, data
+        data += chunk
+    return None, data
 
 
 def run_concurrently(fns):

@@ -85,6 +85,60 @@ TEST(ParseRequestTest, GarbageAndTruncatedBytesAreNamedAsSuch) {
   EXPECT_THAT(s.message(), AllOf(HasSubstr("field sampling"), HasSubstr("SamplingParams")));
 }
 
+// A varint field: tag, then the value in base 128.
+std::string Varint(uint64_t value) {
+  std::string out;
+  do {
+    out += static_cast<char>((value & 0x7F) | (value > 0x7F ? 0x80 : 0));
+    value >>= 7;
+  } while (value != 0);
+  return out;
+}
+std::string VarintField(int number, uint64_t value) {
+  return std::string(1, static_cast<char>(number << 3)) + Varint(value);
+}
+
+// protobuf keeps the low 32 bits of a larger varint in a 32-bit field: the
+// token id 2^40 would be token 0. Such values are refused, the field and
+// item named, packed or not, at any depth.
+TEST(ParseRequestTest, IntegersBeyond32BitsAreRefusedNotCut) {
+  const uint64_t kBig = uint64_t{1} << 40;
+  v1::GenerateRequest r;
+  // Packed (how every client sends them): ids 5, 7, then 2^40.
+  absl::Status s =
+      ParseRequest(Field(2, Varint(5) + Varint(7) + Varint(kBig)) + VarintField(3, 4), &r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("coalesce.v1.GenerateRequest"),
+                                 HasSubstr("field prompt_token_ids[2] is 1099511627776"),
+                                 HasSubstr("does not fit in its 32 bits")));
+  // Unpacked, after a packed run: items are counted across both.
+  s = ParseRequest(Field(2, Varint(5)) + VarintField(2, 6) + VarintField(2, kBig), &r);
+  EXPECT_THAT(s.message(), HasSubstr("field prompt_token_ids[2] is 1099511627776"));
+  s = ParseRequest(VarintField(3, (uint64_t{1} << 32) + 8), &r);
+  EXPECT_THAT(s.message(), HasSubstr("field max_new_tokens is 4294967304"));
+  // Nested: stop_token_ids and logit_bias's keys in SamplingParams.
+  s = ParseRequest(Field(4, Field(11, Varint(kBig))), &r);
+  EXPECT_THAT(s.message(), HasSubstr("field sampling.stop_token_ids[0] is 1099511627776"));
+  s = ParseRequest(Field(4, Field(12, VarintField(1, kBig) + std::string("\x15\0\0\0\0", 5))), &r);
+  EXPECT_THAT(s.message(), HasSubstr("field sampling.logit_bias[0].key is 1099511627776"));
+  v1::DetokenizeRequest d;
+  s = ParseRequest(Field(1, Varint(3) + Varint(kBig)), &d);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("DetokenizeRequest"),
+                                 HasSubstr("field token_ids[1] is 1099511627776")));
+  // A negative int32 is sent sign-extended to 64 bits: in range; one below
+  // INT32_MIN is not.
+  ASSERT_TRUE(ParseRequest(VarintField(7, static_cast<uint64_t>(int64_t{-3})), &r).ok());
+  EXPECT_EQ(r.priority(), -3);
+  s = ParseRequest(VarintField(7, static_cast<uint64_t>(int64_t{INT32_MIN} - 1)), &r);
+  EXPECT_THAT(s.message(), HasSubstr("field priority is -2147483649"));
+  // The largest values that fit are taken as they are.
+  ASSERT_TRUE(ParseRequest(Field(2, Varint(INT32_MAX)) + VarintField(3, 1), &r).ok());
+  EXPECT_EQ(r.prompt_token_ids(0), INT32_MAX);
+  // A packed list whose last varint is cut off.
+  s = ParseRequest(Field(2, Varint(5) + "\x80"), &r);
+  EXPECT_THAT(s.message(), HasSubstr("field prompt_token_ids[1] is a truncated varint"));
+}
+
 TEST(ParseRequestTest, UnknownFieldsAndOtherWireTypesAreLeftToProtobuf) {
   // Field 99 is unknown; field 1 as a varint is not the string it names
   // (protobuf keeps both as unknown fields). Neither is an error.

@@ -20,8 +20,8 @@ import time
 import grpc
 import pytest
 
-from e2e_support import (MODELS, SERVER, die_with_parent, run_concurrently, start_server,
-                         wait_for, wait_idle)
+from e2e_support import (MODELS, SERVER, coalesce_harness, die_with_parent, run_concurrently,
+                         start_server, time_to_close, wait_for, wait_idle)
 from h2_client import StalledClient
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -47,9 +47,11 @@ def status_kib(server, field):
 
 
 def raw_call(client, method, payload, stream, timeout=30):
-    """Sends `payload` bytes as the request of `method` (no serialization);
-    returns (code, details) of the result, code None on success."""
-    path = "/coalesce.v1.Generator/" + method
+    """Sends `payload` bytes as the request of `method` (a Generator method,
+    or a whole path such as /grpc.health.v1.Health/Check) with no
+    serialization; returns (code, details) of the result, code None on
+    success."""
+    path = method if method.startswith("/") else "/coalesce.v1.Generator/" + method
     ident = lambda b: b  # noqa: E731
     if stream:
         call = client.channel.unary_stream(path, request_serializer=ident,
@@ -77,6 +79,16 @@ def field(number, payload):
 def varint_field(number, value):
     assert value < 128
     return bytes([number << 3, value])
+
+
+def varint(value):
+    """An unsigned varint: 7 bits a byte, low bits first."""
+    out = bytearray()
+    while True:
+        out.append((value & 0x7F) | (0x80 if value > 0x7F else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
 
 
 # ---------------------------------------------------------------------------
@@ -322,6 +334,18 @@ BAD_REQUESTS = [
      ["field sampling", "SamplingParams"]),
     ("Detokenize", False, b"\x0a\x05\x01\x02", ["DetokenizeRequest", "not a protobuf"]),
     ("GetModelInfo", False, b"\x07garbage", ["GetModelInfoRequest", "not a protobuf"]),
+    # A token id beyond 32 bits: protobuf would keep its low 32 bits (2^40 is
+    # token 0).
+    ("Generate", True, field(2, varint(5) + varint(1 << 40)) + varint_field(3, 4),
+     ["GenerateRequest", "field prompt_token_ids[1] is 1099511627776", "32 bits"]),
+    ("Detokenize", False, field(1, varint(1 << 40)), ["field token_ids[0] is 1099511627776"]),
+    ("Generate", True, field(1, b"Hi") + varint_field(3, 4) + field(4, field(11, varint(1 << 40))),
+     ["field sampling.stop_token_ids[0]"]),
+    # The health service parses its requests the same way.
+    ("/grpc.health.v1.Health/Check", False, b"\x07garbage",
+     ["grpc.health.v1.HealthCheckRequest", "not a protobuf"]),
+    ("/grpc.health.v1.Health/Watch", True, field(1, b"\xff"),
+     ["HealthCheckRequest", "field service", "UTF-8"]),
 ]
 
 
@@ -459,17 +483,26 @@ def test_health_answers_for_the_generator_service(pb):
 
 
 def test_a_request_id_cannot_forge_log_lines(pb):
+    """ASCII controls, and the Unicode ones a log viewer or terminal acts on
+    too: NEL, the line and paragraph separators (each breaks a line for
+    Python's splitlines and many viewers), the C1 CSI, and a right-to-left
+    override that shows the rest of the line reversed."""
     server, c = serve(pb, ["--log_level=debug"])
     try:
         forged = "2026-01-01T00:00:00.000Z E forged"
+        unicode = ["\u2028", "\u2029", "\x85", "\x9b", "\u202e"]
+        request_id = "evil\n" + forged + "\r\x1b[2J" + "".join(u + forged for u in unicode)
         call = c.generate_call(c.request(prompt="Once upon a time", max_new_tokens=400,
-                                         request_id="evil\n" + forged + "\r\x1b[2J"))
+                                         request_id=request_id))
         next(iter(call))
         call.cancel()
         assert wait_for(lambda: "evil\\n" + forged in server.log(), 5), server.log()
+        assert "\\u2028" + forged in server.log(), server.log()
         for line in server.log().splitlines():
             assert not line.startswith(forged), line
             assert "\x1b" not in line and "\r" not in line, repr(line)
+            for u in unicode:
+                assert u not in line, repr(line)
         wait_idle(c)
     finally:
         stop(server, c)
@@ -502,6 +535,105 @@ def test_a_client_that_stops_reading_loses_its_slot(pb):
     finally:
         if stalled is not None:
             stalled.close()
+        stop(server, c)
+
+
+# ---------------------------------------------------------------------------
+# 9. Connections that hold descriptors: half-open, too many, slow
+# ---------------------------------------------------------------------------
+
+def open_raw(port, send=b"", source="127.0.0.1"):
+    """A TCP connection to 127.0.0.1:port from `source`, having sent `send`."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind((source, 0))
+    s.connect(("127.0.0.1", port))
+    if send:
+        s.sendall(send)
+    return s
+
+
+def test_half_open_connections_are_closed_at_the_handshake_timeout(pb):
+    """A connection that sends nothing, only part of the HTTP/2 preface, or
+    the preface without SETTINGS once held its descriptor and about 26 KB
+    until keepalive gave up on it (40 s; over TLS 120 s, test_tls_e2e.py).
+    With --handshake_timeout=1s each is closed after about a second."""
+    server, c = serve(pb, ["--handshake_timeout=1s"])
+    try:
+        preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+        socks = [open_raw(server.port), open_raw(server.port, preface[:10]),
+                 open_raw(server.port, preface)]
+        times = [time_to_close(s, 8)[0] for s in socks]
+        print("half-open connections closed after %s s" % ["%.2f" % t if t else t for t in times])
+        for t in times:
+            assert t is not None and t < 4, times
+        for s in socks:
+            s.close()
+        # A real client is unaffected.
+        assert c.generate(c.request(prompt="Once upon a time", max_new_tokens=4)).code is None
+    finally:
+        stop(server, c)
+
+
+def test_a_peer_over_its_connection_limit_is_refused(pb):
+    """One client address could open connections until the process ran out of
+    descriptors. With --max_connections_per_peer=4 the fifth from one address
+    is reset at once, another address is not affected, and a connection that
+    closes frees its place."""
+    server, c = serve(pb, ["--max_connections_per_peer=4", "--handshake_timeout=60s"])
+    try:
+        assert c.info().name  # the client's own connection is the first
+        held = [open_raw(server.port) for _ in range(3)]
+        for s in held:
+            # Taken: the server sends its SETTINGS and keeps the connection.
+            closed, data = time_to_close(s, 0.5)
+            assert closed is None and data, (closed, data)
+        over = open_raw(server.port)
+        closed, data = time_to_close(over, 5)
+        assert closed is not None and closed < 2 and not data, (closed, data)
+        over.close()
+        other = open_raw(server.port, source="127.0.0.2")
+        closed, data = time_to_close(other, 0.5)
+        assert closed is None and data, "another address was refused"
+        other.close()
+        assert wait_for(lambda: "refused a connection from 127.0.0.1" in server.log(), 5), \
+            server.log()
+        assert c.metrics().get("coalesce_connections_refused_total") == 1
+        # A closed connection frees its place (once gRPC has closed its end).
+        held.pop().close()
+        deadline = time.monotonic() + 5
+        while True:
+            again = open_raw(server.port)
+            closed, data = time_to_close(again, 0.5)
+            if closed is None or time.monotonic() > deadline:
+                break
+            again.close()
+        assert closed is None and data, (closed, data)
+        # The client's own connection was never touched.
+        assert c.generate(c.request(prompt="Once upon a time", max_new_tokens=4)).code is None
+        for s in held + [again]:
+            s.close()
+    finally:
+        stop(server, c)
+
+
+def test_slow_metrics_clients_do_not_hold_up_a_scrape(pb):
+    """Connections to /metrics that never finish their request each held one
+    of its 4 threads for 10 s, so that 4 such clients delayed every scrape by
+    10 s. Twelve of them now delay a scrape by about 2 s at most."""
+    server, c = serve(pb, [])
+    try:
+        slow = [open_raw(server.metrics_port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+                for _ in range(12)]
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        text = coalesce_harness.read_metrics_text(server.metrics_port, timeout_s=30)
+        took = time.monotonic() - t0
+        print("a scrape beside 12 slow clients took %.2f s" % took)
+        assert "coalesce_requests_running" in text
+        assert took < 5, took
+        for s in slow:
+            s.close()
+    finally:
         stop(server, c)
 
 

@@ -14,6 +14,8 @@ import json
 import os
 import re
 import shutil
+import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -21,7 +23,7 @@ import time
 import grpc
 import pytest
 
-from e2e_support import SERVER, Client, Server
+from e2e_support import SERVER, Client, Server, time_to_close, wait_for
 
 PROMPT = [1, 403, 407, 261]
 
@@ -95,6 +97,16 @@ def generate_ok(client):
     return client.generate(client.request(ids=PROMPT, max_new_tokens=8), timeout=15)
 
 
+def new_connection_generates(pb, server, pki, **who):
+    """A generation on a new connection (so through a new handshake) of a
+    client of `who` (connect's ca, client): its result."""
+    c = connect(pb, server, pki, **who)
+    try:
+        return generate_ok(c)
+    finally:
+        c.close()
+
+
 def test_tls_serves_and_plaintext_to_it_fails_cleanly(pb, pki, tmp_path):
     server = tls_server(pki, str(tmp_path))
     try:
@@ -166,6 +178,90 @@ def test_a_rewritten_certificate_is_served_without_a_restart(pb, pki, tmp_path):
         t.join()
         assert result["res"].code is None and len(result["res"].ids) == 300
         old.close()
+    finally:
+        server.kill()
+
+
+def test_an_unusable_rewrite_keeps_the_last_good_certificate(pb, pki, tmp_path):
+    """A certificate written before its key (the new certificate with the old
+    key), a garbage file and a deleted file each once broke every new
+    handshake until the files were right again. Each is now logged, naming
+    the problem, while new connections keep the last good pair; the right
+    pair is then served at once."""
+    d = str(tmp_path)
+    server = tls_server(pki, d)
+    try:
+        def replace(name, data):
+            tmp = os.path.join(d, name + ".new")
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, os.path.join(d, name))
+
+        def still_served(words):
+            """After the server looked at the files (1 s), the log says why the
+            change was not taken, and a client of the old CA still connects."""
+            assert wait_for(lambda: words in server.log(start), 10), server.log(start)
+            res = new_connection_generates(pb, server, pki, ca="ca1")
+            assert res.code is None, (words, res)
+
+        start = server.log_len()
+        replace("cert.pem", read(pki, "server2.pem"))  # the key is still server1's
+        still_served("is not the key of --tls_cert_file=")
+        start = server.log_len()
+        replace("cert.pem", b"-----BEGIN CERTIFICATE-----\ngarbage\n-----END CERTIFICATE-----\n")
+        still_served("no PEM certificate in it")
+        start = server.log_len()
+        os.remove(os.path.join(d, "cert.pem"))
+        still_served("cannot read it")
+        for line in server.log().splitlines():
+            if "not into a pair that can be served" in line:
+                assert "still get the certificate loaded at" in line, line
+        # The whole new pair: served to the next handshakes.
+        replace("key.pem", read(pki, "server2.key"))
+        replace("cert.pem", read(pki, "server2.pem"))
+        assert wait_for(lambda: "new connections get the certificate now in" in server.log(),
+                        10), server.log()
+        assert new_connection_generates(pb, server, pki, ca="ca2").code is None
+    finally:
+        server.kill()
+
+
+def test_an_unusable_client_ca_keeps_the_last_good_one(pb, pki, tmp_path):
+    d = str(tmp_path)
+    shutil.copy(os.path.join(pki, "ca1.pem"), os.path.join(d, "ca.pem"))
+    server = tls_server(pki, d, extra=["--tls_client_ca_file=%s/ca.pem" % d])
+    try:
+        start = server.log_len()
+        with open(os.path.join(d, "ca.pem"), "wb") as f:
+            f.write(b"not a certificate")
+        assert wait_for(lambda: "not into a CA bundle that can be used" in server.log(start),
+                        10), server.log(start)
+        assert new_connection_generates(pb, server, pki, client="client1").code is None
+    finally:
+        server.kill()
+
+
+def test_a_connection_that_never_finishes_its_handshake_is_closed(pb, pki, tmp_path):
+    """A TCP connection that never starts its TLS handshake, and one that
+    finishes it but never sends the HTTP/2 preface, once held a descriptor and
+    memory for 120 s (gRPC's default handshake timeout) and 40 s (keepalive).
+    With --handshake_timeout=1s both are closed after about a second."""
+    server = tls_server(pki, str(tmp_path), extra=["--handshake_timeout=1s"])
+    try:
+        host, port = server.address.rsplit(":", 1)
+        silent = socket.create_connection((host, int(port)))
+        context = ssl.create_default_context(cafile=os.path.join(pki, "ca1.pem"))
+        context.set_alpn_protocols(["h2"])
+        quiet = context.wrap_socket(socket.create_connection((host, int(port))),
+                                    server_hostname="localhost")
+        assert quiet.selected_alpn_protocol() == "h2"
+        times = [time_to_close(s, 8)[0] for s in (silent, quiet)]
+        print("TLS connections closed after %s s" % ["%.2f" % t if t else t for t in times])
+        for t in times:
+            assert t is not None and t < 4, times
+        silent.close()
+        quiet.close()
+        assert new_connection_generates(pb, server, pki).code is None
     finally:
         server.kill()
 

@@ -394,6 +394,19 @@ TEST(GgufModelTest, DefaultsAndFallbacks) {
   EXPECT_TRUE(bare->config.eos_token_ids.empty());
 }
 
+// llama.cpp's "none" for a special token id, 0xFFFFFFFF, is no token: the
+// model loads as without the key.
+TEST(GgufModelTest, LlamaCppsNoneTokenIdIsNoToken) {
+  GgufSpec spec = ModelFile(Arch::kLlama, RandomWeights(Arch::kLlama, false, 6));
+  spec.Set("tokenizer.ggml.bos_token_id", U32(0xFFFFFFFFu))
+      .Set("tokenizer.ggml.eot_token_id", U32(0xFFFFFFFFu))
+      .Set("tokenizer.ggml.padding_token_id", U32(0xFFFFFFFFu));
+  const auto model = Load(spec);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(model->config.bos_token_id, -1);
+  EXPECT_EQ(model->config.eos_token_ids, std::vector<int32_t>{2});
+}
+
 TEST(GgufModelTest, Qwen2BiasesAndRotateHalfRowsArePermutedToInterleaved) {
   const Weights w = RandomWeights(Arch::kQwen2, false, 5);
   const GgufSpec spec = ModelFile(Arch::kQwen2, w);

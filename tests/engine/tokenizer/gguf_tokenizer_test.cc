@@ -773,7 +773,8 @@ TEST_F(GgufVocabFileTest, PreTokenizers) {
 // ReadGgufVocab on files written byte by byte
 // ---------------------------------------------------------------------------
 
-constexpr uint32_t kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7, kString = 8, kArray = 9, kI64 = 11;
+constexpr uint32_t kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7, kString = 8, kArray = 9, kU64 = 10,
+                   kI64 = 11;
 
 // The little-endian bytes of a GGUF file without tensors.
 class Writer {
@@ -851,6 +852,39 @@ TEST(GgufVocabTest, ReadsAWrittenFile) {
   ASSERT_TRUE(tok.ok()) << tok.status();
   EXPECT_EQ((*tok)->Encode("ab", false), Ids({2}));
   EXPECT_TRUE((*tok)->is_special(2));
+}
+
+// llama.cpp writes a special token id of "none" as 0xFFFFFFFF (its -1 as
+// uint32; llama-convert-llama2c-to-ggml does for the padding id) and reads it
+// as no such token: so do we. One below it is still outside the vocabulary.
+TEST(GgufVocabTest, LlamaCppsNoneIdIsNoToken) {
+  Writer w = TinyGpt2();
+  w.Key("tokenizer.ggml.padding_token_id", kU32).U32(0xFFFFFFFFu);
+  w.Key("tokenizer.ggml.bos_token_id", kU32).U32(0xFFFFFFFFu);
+  w.Key("tokenizer.ggml.eos_token_id", kU64).U64(0xFFFFFFFFu);
+  w.Key("tokenizer.ggml.unknown_token_id", kU32).U32(1);
+  const std::string path = WriteTemp(w.File());
+  auto file = GgufFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto v = ReadGgufVocab(*file);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_FALSE(v->pad_id.has_value());
+  EXPECT_FALSE(v->bos_id.has_value());
+  EXPECT_FALSE(v->eos_id.has_value());
+  EXPECT_EQ(v->unk_id, 1);
+  auto tok = LoadGgufTokenizer(path);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->Encode("ab", true), (*tok)->Encode("ab", false));  // no BOS to add
+  EXPECT_EQ((*tok)->bos_id(), -1);
+
+  Writer below = TinyGpt2();
+  below.Key("tokenizer.ggml.padding_token_id", kU32).U32(0xFFFFFFFEu);
+  const std::string below_path = WriteTemp(below.File());
+  auto refused = LoadGgufTokenizer(below_path);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(Contains(std::string(refused.status().message()),
+                       "tokenizer.ggml.padding_token_id = 4294967294 is outside the vocabulary"))
+      << refused.status();
 }
 
 void ExpectReadError(Writer w, const std::string& what,
