@@ -42,6 +42,36 @@ inline __m256 ExpNonPositive(__m256 x) {
   return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(two_k)), is_number);
 }
 
+// x[i] *= scale for i < n; returns the largest of `max` and the results (a
+// maximum is the same in any order: only NaN, which no caller passes on,
+// would depend on it).
+inline float ScaleInPlaceAndMax(float* x, int n, float scale, float max) {
+  const __m256 vscale = _mm256_set1_ps(scale);
+  __m256 vmax = _mm256_set1_ps(max);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), vscale);
+    _mm256_storeu_ps(x + i, v);
+    vmax = _mm256_max_ps(vmax, v);
+  }
+  const __m128 quad = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+  const __m128 pair = _mm_max_ps(quad, _mm_movehl_ps(quad, quad));
+  float out = _mm_cvtss_f32(_mm_max_ss(pair, _mm_movehdup_ps(pair)));
+  for (; i < n; ++i) {
+    x[i] *= scale;
+    out = x[i] > out ? x[i] : out;
+  }
+  return out;
+}
+
+// x[i] *= scale for i < n.
+inline void ScaleInPlace(float* x, int n, float scale) {
+  const __m256 vscale = _mm256_set1_ps(scale);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), vscale));
+  for (; i < n; ++i) x[i] *= scale;
+}
+
 // x[i] = e^((x[i] - max) * scale) for i < n, with scale > 0 and max >= every
 // x[i]; returns the sum of the results (8 lane sums, then HorizontalSum).
 inline float ExpShiftedInPlace(float* x, int n, float max, float scale) {

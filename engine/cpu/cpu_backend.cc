@@ -603,17 +603,14 @@ void CpuBackend::AttentionOver(const StepBatch& batch, int layer) {
         const int n = std::min(bs, pos + 1 - b * bs);
         float* scores = row_scores(r) + b * bs;
         DotCached(row_q(r), keys, key_scales, hs, n, hs, scores);
-        for (int o = 0; o < n; ++o) {
-          scores[o] *= inv_sqrt;
-          max_score[r] = std::max(max_score[r], scores[o]);
-        }
+        max_score[r] = simd::ScaleInPlaceAndMax(scores, n, inv_sqrt, max_score[r]);
       }
     }
     for (int r = 0; r < rows; ++r) {
       const int pos = pos_[first + r / kv_mul];
       float* scores = row_scores(r);
       const float inv_sum = 1.0f / simd::ExpShiftedInPlace(scores, pos + 1, max_score[r], 1.0f);
-      for (int o = 0; o <= pos; ++o) scores[o] *= inv_sum;
+      simd::ScaleInPlace(scores, pos + 1, inv_sum);
       float* out = att_.data() + (row_q(r) - q_.data());  // [head_size]
       std::fill(out, out + hs, 0.0f);
     }
