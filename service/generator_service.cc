@@ -53,9 +53,22 @@ bool GeneratorService::WaitForGenerateCalls(absl::Time deadline) {
                                      deadline);
 }
 
+bool GeneratorService::SplitSpecialTokens(bool has_request_value, bool request_value,
+                                          const Tenants::Caller& caller) const {
+  if (caller.split_special_tokens) return true;
+  return has_request_value ? request_value : options_.split_special_tokens;
+}
+
+std::optional<std::vector<int32_t>> GeneratorService::Encode(
+    std::string_view text, bool add_special_tokens, bool split,
+    std::span<const ByteRange> special_ranges, size_t max_tokens) const {
+  if (!split) return tokenizer_->EncodeAtMost(text, add_special_tokens, max_tokens);
+  return tokenizer_->EncodeSplitAtMost(text, add_special_tokens, special_ranges, max_tokens);
+}
+
 absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
     const grpc::CallbackServerContext& context, const v1::GenerateRequest& request,
-    absl::Time arrival, std::string_view* rejection) const {
+    const Tenants::Caller& caller, absl::Time arrival, std::string_view* rejection) const {
   *rejection = "invalid";
   if (absl::Status s = ValidateGenerateRequest(request, limits_); !s.ok()) return s;
   batcher::GenerationRequest out;
@@ -69,18 +82,23 @@ absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
     // A conversation is rendered into text, which the template has given
     // its special tokens (so none is added); a prompt gets the tokenizer's.
     const bool chat = request.messages_size() > 0;
-    std::string rendered;
+    engine::RenderedChat rendered;
     if (chat) {
-      absl::StatusOr<std::string> text = RenderChat(request.messages(), true);
+      absl::StatusOr<engine::RenderedChat> text = RenderChat(request.messages(), true);
       if (!text.ok()) return text.status();  // rejection "invalid"
       rendered = *std::move(text);
     }
-    const std::string& prompt = chat ? rendered : request.prompt();
+    const std::string& prompt = chat ? rendered.text : request.prompt();
+    // With split_special_tokens only the template's own special tokens
+    // count; a prompt is all the client's.
+    const bool split = SplitSpecialTokens(request.has_split_special_tokens(),
+                                          request.split_special_tokens(), caller);
     // Tokenized only as far as the context can hold: a longer prompt is
     // refused without being tokenized in full.
     const int room = limits_.context_length - request.max_new_tokens();
-    std::optional<std::vector<int32_t>> ids = tokenizer_->EncodeAtMost(
-        prompt, /*add_special_tokens=*/!chat, static_cast<size_t>(std::max(room, 0)));
+    std::optional<std::vector<int32_t>> ids =
+        Encode(prompt, /*add_special_tokens=*/!chat, split, rendered.template_ranges,
+               static_cast<size_t>(std::max(room, 0)));
     if (!ids.has_value()) {
       // A short prompt is counted exactly for the message; a long one only
       // as far as it had to be.
@@ -92,7 +110,8 @@ absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
             " bytes: more than ", room, " tokens) plus max_new_tokens (", request.max_new_tokens(),
             ") exceeds the context length of ", limits_.context_length, " tokens"));
       }
-      out.prompt = tokenizer_->Encode(prompt, /*add_special_tokens=*/!chat);
+      out.prompt =
+          *Encode(prompt, /*add_special_tokens=*/!chat, split, rendered.template_ranges, SIZE_MAX);
     } else {
       out.prompt = *std::move(ids);
     }
@@ -138,10 +157,11 @@ absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
   return out;
 }
 
-absl::StatusOr<std::string> GeneratorService::RenderChat(
+absl::StatusOr<engine::RenderedChat> GeneratorService::RenderChat(
     const google::protobuf::RepeatedPtrField<v1::ChatMessage>& messages,
     bool add_generation_prompt) const {
   if (absl::Status s = ValidateMessages(messages, limits_); !s.ok()) return s;
+  if (absl::Status s = ValidateRoles(messages, *tokenizer_); !s.ok()) return s;
   if (options_.chat_template == nullptr) {
     return absl::FailedPreconditionError(options_.chat_unavailable);
   }
@@ -150,7 +170,8 @@ absl::StatusOr<std::string> GeneratorService::RenderChat(
   for (const v1::ChatMessage& m : messages) conversation.push_back({m.role(), m.content()});
   engine::ChatRenderOptions render = options_.chat_options;
   render.add_generation_prompt = add_generation_prompt;
-  absl::StatusOr<std::string> text = options_.chat_template->Render(conversation, render);
+  absl::StatusOr<engine::RenderedChat> text =
+      options_.chat_template->RenderTracked(conversation, render);
   if (!text.ok() && text.status().code() == absl::StatusCode::kResourceExhausted) {
     // The template ran into its bounds on this conversation: the request's
     // doing, as far as the client can act on it.
@@ -206,7 +227,7 @@ void GeneratorService::PrepareAndSubmit(GenerateReactor* reactor,
     absl::StatusOr<Tenants::Caller> caller = Authenticate(context);
     if (!caller.ok()) rejection = "unauthenticated";
     absl::StatusOr<batcher::GenerationRequest> prepared =
-        caller.ok() ? Prepare(context, request, arrival, &rejection) : caller.status();
+        caller.ok() ? Prepare(context, request, *caller, arrival, &rejection) : caller.status();
     if (prepared.ok() && options_.tenants != nullptr) {
       // The tenant's limits, then its priority cap.
       // The most tokens the call can use, reserved from the tenant's budget
@@ -308,18 +329,21 @@ grpc::ServerUnaryReactor* GeneratorService::Tokenize(grpc::CallbackServerContext
                                                      const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* response) {
   auto* reactor = context->DefaultReactor();
-  if (absl::Status s = Authenticate(*context).status(); !s.ok()) {
-    reactor->Finish(ToGrpcStatus(s));
+  absl::StatusOr<Tenants::Caller> caller = Authenticate(*context);
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
-  PostUnary(reactor, context, *request, [this, reactor, request, response] {
+  PostUnary(reactor, context, *request, [this, reactor, request, response, caller = *caller] {
     v1::TokenizeRequest parsed;
     absl::Status status = ParseRequest(*request, &parsed);
     if (status.ok()) {
       v1::TokenizeResponse out;
-      for (int32_t id : tokenizer_->Encode(parsed.text(), parsed.add_special_tokens())) {
-        out.add_token_ids(id);
-      }
+      const bool split = SplitSpecialTokens(parsed.has_split_special_tokens(),
+                                            parsed.split_special_tokens(), caller);
+      const std::vector<int32_t> ids =
+          *Encode(parsed.text(), parsed.add_special_tokens(), split, {}, SIZE_MAX);
+      out.mutable_token_ids()->Add(ids.begin(), ids.end());
       *response = SerializeMessage(out);
     }
     reactor->Finish(ToGrpcStatus(status));
@@ -357,22 +381,25 @@ grpc::ServerUnaryReactor* GeneratorService::ApplyChatTemplate(grpc::CallbackServ
                                                               const grpc::ByteBuffer* request,
                                                               grpc::ByteBuffer* response) {
   auto* reactor = context->DefaultReactor();
-  if (absl::Status s = Authenticate(*context).status(); !s.ok()) {
-    reactor->Finish(ToGrpcStatus(s));
+  absl::StatusOr<Tenants::Caller> caller = Authenticate(*context);
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
-  PostUnary(reactor, context, *request, [this, reactor, request, response] {
+  PostUnary(reactor, context, *request, [this, reactor, request, response, caller = *caller] {
     v1::ApplyChatTemplateRequest parsed;
     absl::Status status = ParseRequest(*request, &parsed);
     if (status.ok()) {
-      absl::StatusOr<std::string> text =
+      absl::StatusOr<engine::RenderedChat> text =
           RenderChat(parsed.messages(), parsed.add_generation_prompt());
       if (text.ok()) {
         v1::ApplyChatTemplateResponse out;
-        for (int32_t id : tokenizer_->Encode(*text, /*add_special_tokens=*/false)) {
-          out.add_token_ids(id);
-        }
-        out.set_text(*std::move(text));
+        const bool split = SplitSpecialTokens(parsed.has_split_special_tokens(),
+                                              parsed.split_special_tokens(), caller);
+        const std::vector<int32_t> ids = *Encode(text->text, /*add_special_tokens=*/false, split,
+                                                 text->template_ranges, SIZE_MAX);
+        out.mutable_token_ids()->Add(ids.begin(), ids.end());
+        out.set_text(std::move(text->text));
         *response = SerializeMessage(out);
       }
       status = text.status();

@@ -44,6 +44,9 @@ struct GeneratorServiceOptions {
   // --api_keys_file: every Generator call must name a tenant, and Generate
   // is held to its limits. Null: no authentication.
   Tenants* tenants = nullptr;
+  // --split_special_tokens: the default of the requests'
+  // split_special_tokens (a tenant's setting overrides both).
+  bool split_special_tokens = false;
 };
 
 using RawGeneratorService = v1::Generator::WithRawCallbackMethod_Generate<
@@ -86,14 +89,27 @@ class GeneratorService final : public RawGeneratorService {
   // `rejection` names the reason for the rejection metric on error.
   absl::StatusOr<batcher::GenerationRequest> Prepare(const grpc::CallbackServerContext& context,
                                                      const v1::GenerateRequest& request,
+                                                     const Tenants::Caller& caller,
                                                      absl::Time arrival,
                                                      std::string_view* rejection) const;
-  // The conversation rendered with the chat template, or why it cannot be:
-  // FAILED_PRECONDITION without a template, INVALID_ARGUMENT for messages
-  // the limits or the template refuse (raise_exception's own message).
-  absl::StatusOr<std::string> RenderChat(
+  // The conversation rendered with the chat template, with the ranges of
+  // the template's own text, or why it cannot be: FAILED_PRECONDITION
+  // without a template, INVALID_ARGUMENT for messages the limits or the
+  // template refuse (raise_exception's own message) and for a role that
+  // holds a special token.
+  absl::StatusOr<engine::RenderedChat> RenderChat(
       const google::protobuf::RepeatedPtrField<v1::ChatMessage>& messages,
       bool add_generation_prompt) const;
+  // Whether a request's special tokens are text: its tenant's setting, else
+  // the request's split_special_tokens, else the server's default.
+  bool SplitSpecialTokens(bool has_request_value, bool request_value,
+                          const Tenants::Caller& caller) const;
+  // A request's text tokenized: with `split`, special tokens count only
+  // inside `special_ranges` (a rendered conversation's template_ranges; a
+  // prompt has none). Nothing when it takes more than `max_tokens`.
+  std::optional<std::vector<int32_t>> Encode(std::string_view text, bool add_special_tokens,
+                                             bool split, std::span<const ByteRange> special_ranges,
+                                             size_t max_tokens) const;
   // Runs `job` on the work pool, or finishes the unary call with
   // RESOURCE_EXHAUSTED when the pool is full.
   // The caller's tenant, with --api_keys_file: from the `authorization`

@@ -167,6 +167,11 @@ ABSL_FLAG(std::string, api_keys_file, "",
           "JSON file of tenants: each a name, the SHA-256 of its API key (or a client "
           "certificate subject), a weight, a maximum priority, and stream and token limits. "
           "Clients then send 'authorization: Bearer KEY'. Re-read when it changes.");
+ABSL_FLAG(bool, split_special_tokens, Defaults().split_special_tokens,
+          "Tokenize special tokens written in requests' text (a prompt, the messages' "
+          "contents) as the ordinary text they spell, never as control tokens, for requests "
+          "that do not set split_special_tokens themselves (transformers' "
+          "split_special_tokens). The chat template's own special tokens stay tokens.");
 ABSL_FLAG(int, health_port, -1,
           "A plaintext port serving only the gRPC health service, for probes when TLS is on; "
           "0 picks a free port, -1 serves none.");
@@ -301,6 +306,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
       return s;
     }
   }
+  o.split_special_tokens = absl::GetFlag(FLAGS_split_special_tokens);
   o.health_port = absl::GetFlag(FLAGS_health_port);
   if (o.health_port < -1 || o.health_port > 65535) {
     return absl::InvalidArgumentError("--health_port must be -1 (none), 0 (any) or a port");

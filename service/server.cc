@@ -246,6 +246,7 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
   service_options.work_threads = options.work_threads;
   service_options.max_pending_work = options.max_queue;
   service_options.stream_stall_timeout = options.stream_stall_timeout;
+  service_options.split_special_tokens = options.split_special_tokens;
   if (!options.api_keys_file.empty()) {
     absl::StatusOr<std::unique_ptr<Tenants>> tenants =
         Tenants::Load(options.api_keys_file, RealClock());

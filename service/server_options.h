@@ -83,6 +83,8 @@ struct ServerOptions {
   TlsFiles tls;
   // Tenants and their keys (service/tenants.h); empty: no authentication.
   std::string api_keys_file;
+  // The default of the requests' split_special_tokens.
+  bool split_special_tokens = false;
   // A plaintext port serving only grpc.health.v1.Health, for probes that
   // cannot speak TLS: 0 picks a free port; -1 (default): none.
   int health_port = -1;

@@ -96,6 +96,9 @@ absl::StatusOr<std::vector<TenantConfig>> ParseTenants(std::string_view text) {
           if (!ValidName(s)) return fail("prefix_cache_group must be 1 to 64 of A-Z a-z 0-9 _ . -");
           c.prefix_cache_group = std::move(s);
         }
+      } else if (key == "split_special_tokens") {
+        if (!value.is_boolean()) return fail("split_special_tokens must be true or false");
+        c.split_special_tokens = value.get<bool>();
       } else if (key == "weight") {
         if (!value.is_number()) return fail("weight must be a number");
         c.weight = value.get<double>();
@@ -220,10 +223,12 @@ absl::StatusOr<Tenants::Caller> Tenants::Authenticate(std::string_view authoriza
     return absl::UnauthenticatedError(
         "this server needs an API key: send the metadata \"authorization: Bearer KEY\"");
   }
-  return Caller{found->name, found->weight, found->max_priority,
+  Caller caller{found->name, found->weight, found->max_priority,
                 found->prefix_cache_group.empty()
                     ? absl::StrCat("tenant:", found->name)
                     : absl::StrCat("group:", found->prefix_cache_group)};
+  caller.split_special_tokens = found->split_special_tokens;
+  return caller;
 }
 
 void Tenants::Refill(const std::string& tenant) {

@@ -16,7 +16,9 @@
 //      "max_priority": 5,           // higher request priorities are capped; default 0
 //      "max_streams": 64,           // Generate calls at once; default 0: no limit
 //      "tokens_per_minute": 200000, // prompt + generated tokens; default 0: no limit
-//      "prefix_cache_group": "acme" // shares cached prompts with the group's tenants
+//      "prefix_cache_group": "acme", // shares cached prompts with the group's tenants
+//      "split_special_tokens": true // its requests' special tokens are text, whatever
+//                                   // they ask (GenerateRequest.split_special_tokens)
 //     }, ...]}
 //
 // Prefix caching: a tenant's cached prompt blocks are reachable only by its
@@ -48,6 +50,7 @@ struct TenantConfig {
   int max_streams = 0;
   int64_t tokens_per_minute = 0;
   std::string prefix_cache_group;  // empty: shares its cached prompts with nobody
+  bool split_special_tokens = false;
 };
 
 // At most this many tenants (they label metrics).
@@ -72,6 +75,9 @@ class Tenants {
     // Who shares its cached prompt blocks (GenerationRequest::cache_partition):
     // "tenant:NAME", or "group:GROUP" with a prefix_cache_group.
     std::string cache_partition;
+    // Its requests' text is tokenized with split_special_tokens, whatever
+    // they ask.
+    bool split_special_tokens = false;
   };
   // The tenant of `authorization` (the header's value, "Bearer KEY") or,
   // without one, of `cert_subject` (a verified client certificate's subject;

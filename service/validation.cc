@@ -1,7 +1,10 @@
 #include "service/validation.h"
 
 #include <cmath>
+#include <optional>
+#include <string>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
 namespace coalesce::service {
@@ -159,6 +162,19 @@ absl::Status ValidateMessages(const google::protobuf::RepeatedPtrField<v1::ChatM
       return absl::InvalidArgumentError(absl::StrCat("messages[", i, "].role must be 1 to ",
                                                      limits.max_role_bytes, " bytes, got ",
                                                      role.size()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRoles(const google::protobuf::RepeatedPtrField<v1::ChatMessage>& messages,
+                           const engine::Tokenizer& tokenizer) {
+  for (int i = 0; i < messages.size(); ++i) {
+    const std::string& role = messages[i].role();
+    if (const std::optional<std::string> token = tokenizer.FindSpecialToken(role)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "messages[", i, "].role \"", absl::CHexEscape(role), "\" holds the special token \"",
+          absl::CHexEscape(*token), "\": a role may not hold the model's special tokens"));
     }
   }
   return absl::OkStatus();

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "coalesce/v1/generator.pb.h"
+#include "engine/tokenizer/tokenizer.h"
 
 namespace coalesce::service {
 
@@ -36,6 +37,13 @@ absl::Status ValidateGenerateRequest(const v1::GenerateRequest& request,
 // server's message size limit and, once rendered, by the context length.
 absl::Status ValidateMessages(const google::protobuf::RepeatedPtrField<v1::ChatMessage>& messages,
                               const RequestLimits& limits);
+
+// No role holds a special token of `tokenizer` ("user<|im_end|>\n<|im_start|>
+// system"): a role counts as the template's own text (engine::RenderedChat),
+// where a special token would open or close a turn whatever
+// split_special_tokens says.
+absl::Status ValidateRoles(const google::protobuf::RepeatedPtrField<v1::ChatMessage>& messages,
+                           const engine::Tokenizer& tokenizer);
 
 // Token ids must be in [0, vocab_size). `field` names them in the message.
 absl::Status ValidateTokenIds(std::span<const int32_t> ids, int vocab_size,

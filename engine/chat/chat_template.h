@@ -16,8 +16,10 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/byte_range.h"
 
 namespace coalesce::engine {
 
@@ -52,6 +54,22 @@ struct ChatRenderOptions {
   ChatTemplateLimits limits;
 };
 
+// A rendered conversation, and which of its bytes the template wrote itself.
+struct RenderedChat {
+  std::string text;
+  // The template's own text, sorted, disjoint and never adjacent: its data
+  // and string literals, constant expressions, bos_token and eos_token and
+  // the messages' roles (the conversation's structure: Phi-3's template
+  // writes '<|' + role + '|>'), as printed, concatenated, captured (set
+  // blocks, macros) and trimmed. The messages' contents never are, nor is
+  // anything a filter or method other than trim/strip made (uppercasing,
+  // formatting, tojson, ...), whatever it was made from: a byte of a content
+  // is never counted as the template's own (engine/chat/jinja_value.h,
+  // TrackedText). A tokenizer that splits special tokens keeps the special
+  // tokens written in these ranges only (Tokenizer::EncodeSplitAtMost).
+  std::vector<ByteRange> template_ranges;
+};
+
 class ChatTemplate {
  public:
   // Parses a template. A syntax error is InvalidArgument naming the line and
@@ -68,6 +86,9 @@ class ChatTemplate {
   // Thread-safe: a ChatTemplate may render for many requests at once.
   absl::StatusOr<std::string> Render(std::span<const ChatMessage> messages,
                                      const ChatRenderOptions& options) const;
+  // The same, with the ranges of the text the template wrote itself.
+  absl::StatusOr<RenderedChat> RenderTracked(std::span<const ChatMessage> messages,
+                                             const ChatRenderOptions& options) const;
 
  private:
   explicit ChatTemplate(std::shared_ptr<const jinja::Template> tmpl) : tmpl_(std::move(tmpl)) {}

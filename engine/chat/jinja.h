@@ -45,5 +45,8 @@ struct RenderEnv {
 // runtime error is InvalidArgument naming the line; exceeding a limit is
 // ResourceExhausted naming the limit.
 absl::StatusOr<std::string> RenderTemplate(const Template& tmpl, const RenderEnv& env);
+// The same, with the bytes of the text that are the template's own
+// (TrackedText, jinja_value.h).
+absl::StatusOr<TrackedText> RenderTemplateTracked(const Template& tmpl, const RenderEnv& env);
 
 }  // namespace coalesce::engine::jinja

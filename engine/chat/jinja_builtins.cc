@@ -97,7 +97,8 @@ int64_t Len(const Value& v) {
 }
 
 // Python's str.strip(chars) family: which = -1 left, 1 right, 0 both.
-std::string Strip(std::string_view s, const Value* chars, int which) {
+// `begin`, when given, is set to the byte of `s` where the result starts.
+std::string Strip(std::string_view s, const Value* chars, int which, size_t* begin = nullptr) {
   const std::u32string cps = DecodeUtf8(s);
   std::u32string set;
   const bool whitespace = chars == nullptr || chars->is_none();
@@ -112,6 +113,7 @@ std::string Strip(std::string_view s, const Value* chars, int which) {
   if (which >= 0) {
     while (e > b && strip_it(cps[e - 1])) --e;
   }
+  if (begin != nullptr) *begin = EncodeUtf8(std::u32string_view(cps).substr(0, b)).size();
   return EncodeUtf8(std::u32string_view(cps).substr(b, e - b));
 }
 
@@ -1053,7 +1055,9 @@ Value Interp::CallMethod(const Value& self, const std::string& name, const Args&
     };
     if (n == "strip" || n == "lstrip" || n == "rstrip") {
       Bound b(name, args, {"chars"});
-      return MakeStr(Strip(s, b.Get(0), n == "strip" ? 0 : (n == "lstrip" ? -1 : 1)), safe);
+      size_t begin = 0;
+      std::string kept = Strip(s, b.Get(0), n == "strip" ? 0 : (n == "lstrip" ? -1 : 1), &begin);
+      return Substr(self, begin, std::move(kept));
     }
     if (n == "split" || n == "rsplit") {
       Bound b(name, args, {"sep", "maxsplit"});
@@ -1817,7 +1821,9 @@ Value Interp::ApplyFilterNow(std::string_view name, const Value& value, const Ar
   if (name == "trim") {
     Bound b(fname, args, {"chars"});
     const Value s = SoftStr(this, value);
-    return MakeStr(Strip(s.str(), b.Get(0), 0), s.safe());
+    size_t begin = 0;
+    std::string kept = Strip(s.str(), b.Get(0), 0, &begin);
+    return Substr(s, begin, std::move(kept));
   }
   if (name == "length" || name == "count") {
     Bound b(fname, args, {});

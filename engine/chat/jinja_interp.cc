@@ -149,18 +149,44 @@ Value Interp::MakeStr(std::string s, bool safe) {
   return Value::Str(std::move(s), safe);
 }
 
+Value Interp::MakeStr(TrackedText t) {
+  if (t.text.size() > limits_.max_output_bytes) StringLimit();
+  Charge(static_cast<int64_t>(t.text.size() / 16));
+  return Value::Str(std::move(t.text), false, std::move(t.own));
+}
+
+Value Interp::Substr(const Value& of, size_t begin, std::string piece) {
+  // A piece that is not where it is said to be (text that was not valid
+  // UTF-8 and came back changed) has none of the template's own text.
+  if (of.str().compare(begin, piece.size(), piece) != 0)
+    return MakeStr(std::move(piece), of.safe());
+  std::vector<ByteRange> own = OwnWithin(of.own(), begin, begin + piece.size());
+  Charge(static_cast<int64_t>(piece.size() / 16));
+  return Value::Str(std::move(piece), of.safe(), std::move(own));
+}
+
 Value Interp::MakeSeq(SeqKind kind, std::vector<Value> items) {
   Charge(static_cast<int64_t>(items.size()));
   return Value::Seq(kind, std::move(items));
 }
 
-void Interp::Out(std::string_view s) {
-  out_->append(s);
+void Interp::Out(std::string_view s, std::span<const ByteRange> own) {
+  out_->Append(s, own);
   Charge(static_cast<int64_t>(s.size() / 32));
-  if (out_->size() > limits_.max_output_bytes) {
+  if (out_->text.size() > limits_.max_output_bytes) {
     ThrowLimit(Cat("max_output_bytes exceeded: the output is longer than ",
                    limits_.max_output_bytes, " bytes"));
   }
+}
+
+void Interp::Print(const Value& v) {
+  if (v.is_string()) {
+    Out(v.str(), v.own());
+    return;
+  }
+  std::string text;
+  AppendStr(&text, v);
+  Out(text);
 }
 
 std::unique_ptr<Scope> Interp::NewScope(Scope* parent) {
@@ -176,7 +202,7 @@ void Interp::ReleaseScope(std::unique_ptr<Scope> scope) {
 // ---------------------------------------------------------------------------
 // Statements
 
-std::string Interp::Render(const Template& tmpl) {
+TrackedText Interp::Render(const Template& tmpl) {
   Scope globals;
   for (const char* name : {"range", "dict", "lipsum", "cycler", "joiner", "namespace",
                            "raise_exception", "strftime_now"}) {
@@ -190,7 +216,7 @@ std::string Interp::Render(const Template& tmpl) {
   for (const auto& [name, value] : variables_) vars.Set(name, value);
   Scope root;
   root.parent = &vars;
-  std::string out;
+  TrackedText out;
   out_ = &out;
   ExecBody(tmpl.body, &root);
   return out;
@@ -205,9 +231,9 @@ Interp::Flow Interp::ExecBody(const Body& body, Scope* scope) {
   return Flow::kNormal;
 }
 
-std::string Interp::Capture(const Body& body, Scope* scope) {
-  std::string buffer;
-  std::string* saved = out_;
+TrackedText Interp::Capture(const Body& body, Scope* scope) {
+  TrackedText buffer;
+  TrackedText* saved = out_;
   out_ = &buffer;
   try {
     ExecBody(body, scope);
@@ -223,20 +249,14 @@ Interp::Flow Interp::Exec(const Stmt& s, Scope* scope) {
   Step();
   line_ = s.line;
   switch (s.kind) {
-    case StmtKind::kData:
-      Out(s.text);
-      return Flow::kNormal;
-    case StmtKind::kPrint: {
-      const Value v = Eval(*s.expr, scope);
-      if (v.is_string()) {
-        Out(v.str());
-      } else {
-        std::string text;
-        AppendStr(&text, v);
-        Out(text);
-      }
+    case StmtKind::kData: {
+      const ByteRange all{0, s.text.size()};
+      Out(s.text, std::span<const ByteRange>(&all, 1));
       return Flow::kNormal;
     }
+    case StmtKind::kPrint:
+      Print(Eval(*s.expr, scope));
+      return Flow::kNormal;
     case StmtKind::kIf:
       for (const auto& [test, body] : s.branches) {
         if (test == nullptr || Truthy(Eval(*test, scope))) return ExecBody(body, scope);
@@ -249,7 +269,7 @@ Interp::Flow Interp::Exec(const Stmt& s, Scope* scope) {
       return Flow::kNormal;
     case StmtKind::kSetBlock: {
       auto inner = NewScope(scope);
-      std::string text = Capture(s.body, inner.get());
+      TrackedText text = Capture(s.body, inner.get());
       ReleaseScope(std::move(inner));
       Value v = MakeStr(std::move(text));
       if (s.expr != nullptr) v = EvalFilter(*s.expr, scope, &v);
@@ -283,10 +303,7 @@ Interp::Flow Interp::Exec(const Stmt& s, Scope* scope) {
       auto inner = NewScope(scope);
       Value text = MakeStr(Capture(s.body, inner.get()));
       ReleaseScope(std::move(inner));
-      const Value v = EvalFilter(*s.expr, scope, &text);
-      std::string printed;
-      AppendStr(&printed, v);
-      Out(printed);
+      Print(EvalFilter(*s.expr, scope, &text));
       return Flow::kNormal;
     }
     case StmtKind::kScope: {
@@ -513,10 +530,17 @@ Value Interp::Eval(const Expr& e, Scope* scope) {
       return Value::Bool(true);
     }
     case ExprKind::kConcat: {
-      std::string s;
+      TrackedText s;
       for (const auto& o : e.operands) {
-        AppendStr(&s, Eval(*o, scope));
-        if (s.size() > limits_.max_output_bytes) MakeStr(std::move(s));  // throws
+        const Value v = Eval(*o, scope);
+        if (v.is_string()) {
+          s.AppendStr(v);
+        } else {
+          std::string printed;
+          AppendStr(&printed, v);
+          s.Append(printed);
+        }
+        if (s.text.size() > limits_.max_output_bytes) StringLimit();
       }
       return MakeStr(std::move(s));
     }
@@ -773,10 +797,10 @@ Value Interp::Arith(BinOp op, const Value& a, const Value& b) {
         const std::string right = b.safe() ? b.str() : HtmlEscape(b.str());
         return MakeStr(left + right, true);
       }
-      std::string s;
-      s.reserve(a.str().size() + b.str().size());
-      s += a.str();
-      s += b.str();
+      TrackedText s;
+      s.text.reserve(a.str().size() + b.str().size());
+      s.AppendStr(a);
+      s.AppendStr(b);
       return MakeStr(std::move(s));
     }
     if (op == BinOp::kMod) return MakeStr(PercentFormat(this, a.str(), b), a.safe());
@@ -992,7 +1016,7 @@ Value Interp::CallMacro(const CallableObj& fn, const Args& args) {
   }
   if (m.catch_kwargs) local->Set("kwargs", Value::Dict(extra_kwargs));
   ++call_depth_;
-  std::string text;
+  TrackedText text;
   try {
     text = Capture(m.body, local.get());
   } catch (...) {
@@ -1009,7 +1033,7 @@ Value Interp::CallMacro(const CallableObj& fn, const Args& args) {
 
 Value Interp::EvalConst(const Expr& e) {
   Scope empty;
-  std::string out;
+  TrackedText out;
   out_ = &out;
   const_mode_ = true;
   return Eval(e, &empty);
@@ -1091,7 +1115,9 @@ class Folder {
         std::optional<Value> v = Evaluate(*s->expr);
         if (v.has_value()) {
           std::string text = ToStr(*v);
-          if (text.size() <= 64 * kFoldValueBudget) Replace(s->expr, Value::Str(std::move(text)));
+          if (text.size() <= 64 * kFoldValueBudget) {
+            Replace(s->expr, Value::TemplateStr(std::move(text)));
+          }
         }
       }
     }
@@ -1143,7 +1169,8 @@ class Folder {
     if (!v.has_value()) return;
     e->is_const = true;
     int64_t budget = kFoldValueBudget;
-    if (SafeRepr(*v, &budget)) Replace(e, *std::move(v));
+    // What a constant expression gives, the template wrote.
+    if (SafeRepr(*v, &budget)) Replace(e, AllOwn(*v));
   }
 
   RenderEnv env_;
@@ -1158,6 +1185,12 @@ void FoldConstants(Template* tmpl) {
 }
 
 absl::StatusOr<std::string> RenderTemplate(const Template& tmpl, const RenderEnv& env) {
+  absl::StatusOr<TrackedText> out = RenderTemplateTracked(tmpl, env);
+  if (!out.ok()) return out.status();
+  return std::move(out->text);
+}
+
+absl::StatusOr<TrackedText> RenderTemplateTracked(const Template& tmpl, const RenderEnv& env) {
   try {
     Interp interp(env);
     try {

@@ -78,7 +78,7 @@ class Interp {
   explicit Interp(const RenderEnv& env);
   ~Interp();
 
-  std::string Render(const Template& tmpl);
+  TrackedText Render(const Template& tmpl);
   // Evaluates an expression of constants as jinja2's optimizer does (see
   // FoldConstants).
   Value EvalConst(const Expr& e);
@@ -93,6 +93,11 @@ class Interp {
   }
   // A new str, charged by its length and refused beyond max_output_bytes.
   Value MakeStr(std::string s, bool safe = false);
+  // A new str with its own ranges, charged and bounded alike.
+  Value MakeStr(TrackedText t);
+  // The str `piece`, found at byte `begin` of str `of`, with the own ranges
+  // of those bytes of `of` (none if `piece` is not there).
+  Value Substr(const Value& of, size_t begin, std::string piece);
   Value MakeSeq(SeqKind kind, std::vector<Value> items);
   [[noreturn]] void StringLimit();
   // Folding met a name, a call or a filter that needs the context.
@@ -132,7 +137,7 @@ class Interp {
   Flow ExecBody(const Body& body, Scope* scope);
   Flow Exec(const Stmt& stmt, Scope* scope);
   Flow ExecFor(const Stmt& stmt, Scope* scope);
-  std::string Capture(const Body& body, Scope* scope);
+  TrackedText Capture(const Body& body, Scope* scope);
   void Assign(const Target& target, const Value& value, Scope* scope);
   std::unique_ptr<Scope> NewScope(Scope* parent);
   void ReleaseScope(std::unique_ptr<Scope> scope);
@@ -151,7 +156,10 @@ class Interp {
   // sandbox forbids), or nullopt when the object has none.
   std::optional<Value> PyAttr(const Value& obj, std::string_view name);
 
-  void Out(std::string_view s);
+  // Writes `s` to the output; `own` are its bytes that are the template's own.
+  void Out(std::string_view s, std::span<const ByteRange> own = {});
+  // Writes str(v): a str with its own ranges, anything else with none.
+  void Print(const Value& v);
 
   RenderLimits limits_;
   std::optional<int64_t> now_;
@@ -162,7 +170,7 @@ class Interp {
   int call_depth_ = 0;
   int line_ = 0;             // of the node being evaluated
   bool const_mode_ = false;  // evaluating a constant expression as jinja2 folds it
-  std::string* out_ = nullptr;
+  TrackedText* out_ = nullptr;
   // Scopes macros close over, kept to the end of the render.
   std::vector<std::unique_ptr<Scope>> pinned_;
   // Namespaces, cyclers and loops: the mutable objects (a cycle of

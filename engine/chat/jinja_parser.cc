@@ -1267,7 +1267,7 @@ class Parser {
           s += cur().value;
           Next();
         }
-        return Const(Value::Str(std::move(s)), line);
+        return Const(Value::TemplateStr(std::move(s)), line);
       }
       case Tok::kInt: {
         const int64_t v = t.ival;

@@ -57,6 +57,70 @@ Value Value::Str(std::string s, bool safe) {
   return v;
 }
 
+Value Value::Str(std::string s, bool safe, std::vector<ByteRange> own) {
+  Value v(Type::kString);
+  v.safe_ = safe;
+  v.obj_ = std::make_shared<StrObj>(std::move(s), std::move(own));
+  return v;
+}
+
+Value Value::TemplateStr(std::string s) {
+  std::vector<ByteRange> own;
+  if (!s.empty()) own.push_back({0, s.size()});
+  return Str(std::move(s), false, std::move(own));
+}
+
+void TrackedText::Append(std::string_view s, std::span<const ByteRange> s_own) {
+  const size_t base = text.size();
+  text.append(s);
+  for (const ByteRange& r : s_own) {
+    if (r.begin >= r.end) continue;
+    if (!own.empty() && own.back().end == base + r.begin) {
+      own.back().end = base + r.end;
+    } else {
+      own.push_back({base + r.begin, base + r.end});
+    }
+  }
+}
+
+void TrackedText::AppendOwn(std::string_view s) {
+  const ByteRange all{0, s.size()};
+  Append(s, std::span<const ByteRange>(&all, 1));
+}
+
+std::vector<ByteRange> OwnWithin(std::span<const ByteRange> own, size_t begin, size_t end) {
+  std::vector<ByteRange> out;
+  for (const ByteRange& r : own) {
+    const size_t b = std::max(r.begin, begin), e = std::min(r.end, end);
+    if (b < e) out.push_back({b - begin, e - begin});
+  }
+  return out;
+}
+
+Value AllOwn(const Value& v) {
+  switch (v.type()) {
+    case Type::kString: {
+      std::vector<ByteRange> own;
+      if (!v.str().empty()) own.push_back({0, v.str().size()});
+      return Value::Str(v.str(), v.safe(), std::move(own));
+    }
+    case Type::kSeq: {
+      if (v.seq_kind() != SeqKind::kList && v.seq_kind() != SeqKind::kTuple) return v;
+      std::vector<Value> items;
+      items.reserve(v.seq().items.size());
+      for (const Value& item : v.seq().items) items.push_back(AllOwn(item));
+      return Value::Seq(v.seq_kind(), std::move(items));
+    }
+    case Type::kDict: {
+      auto dict = std::make_shared<DictObj>();
+      for (const auto& [key, value] : v.dict().entries) dict->Set(AllOwn(key), AllOwn(value));
+      return Value::Dict(std::move(dict));
+    }
+    default:
+      return v;
+  }
+}
+
 Value Value::Range(int64_t start, int64_t stop, int64_t step, std::vector<Value> items) {
   Value v = Seq(SeqKind::kRange, std::move(items));
   SeqObj& seq = v.seq_mutable();
@@ -98,6 +162,10 @@ Value Value::Object(Type type, std::shared_ptr<jinja::Object> object) {
 }
 
 const std::string& Value::str() const { return static_cast<const StrObj*>(obj_.get())->s; }
+std::span<const ByteRange> Value::own() const {
+  if (type_ != Type::kString) return {};
+  return static_cast<const StrObj*>(obj_.get())->own;
+}
 const SeqObj& Value::seq() const { return *static_cast<const SeqObj*>(obj_.get()); }
 SeqObj& Value::seq_mutable() const { return *static_cast<SeqObj*>(obj_.get()); }
 SeqKind Value::seq_kind() const { return seq().kind; }

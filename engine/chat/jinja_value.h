@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "common/byte_range.h"
 
 namespace coalesce::engine::jinja {
 
@@ -139,6 +141,11 @@ class Value {
   }
   // A str; `safe` marks markupsafe's Markup (the `safe` and `escape` filters).
   static Value Str(std::string s, bool safe = false);
+  // A str of which the bytes `own` are the template's own text (see
+  // TrackedText).
+  static Value Str(std::string s, bool safe, std::vector<ByteRange> own);
+  // A str the template wrote itself, all of it (a literal).
+  static Value TemplateStr(std::string s);
   static Value Seq(SeqKind kind, std::vector<Value> items);
   // range(start, stop, step) and its items.
   static Value Range(int64_t start, int64_t stop, int64_t step, std::vector<Value> items);
@@ -164,6 +171,8 @@ class Value {
     return type_ == Type::kFloat ? f_ : static_cast<double>(i_);
   }  // any number
   const std::string& str() const;
+  // The bytes of str() that are the template's own text.
+  std::span<const ByteRange> own() const;
   bool safe() const { return safe_; }
   const SeqObj& seq() const;
   // For the producer of a fresh sequence only (values are shared).
@@ -193,9 +202,41 @@ class Value {
 
 class StrObj final : public Object {
  public:
-  explicit StrObj(std::string s) : s(std::move(s)) {}
+  explicit StrObj(std::string s, std::vector<ByteRange> own = {})
+      : s(std::move(s)), own(std::move(own)) {}
   std::string s;
+  std::vector<ByteRange> own;  // see TrackedText
 };
+
+// Text and which of its bytes are the template's own: written by the
+// template itself (its data, its string literals, constant expressions, and
+// the strs its caller gives as such: ChatTemplate's bos_token, eos_token and
+// roles), rather than taken from the other variables it renders (the
+// messages' contents). A str carries its own ranges through
+// what keeps bytes as they are (printing, concatenation, capturing a block or
+// a macro's output, trimming); every other operation makes a str with none,
+// so that a byte the template did not write is never counted as its own,
+// whatever a filter did to it. `own` is sorted, disjoint, and never holds
+// two adjacent ranges (they are merged).
+struct TrackedText {
+  std::string text;
+  std::vector<ByteRange> own;
+
+  // Appends `s`, of which the bytes `s_own` are the template's own.
+  void Append(std::string_view s, std::span<const ByteRange> s_own = {});
+  // Appends `s`, all of it the template's own.
+  void AppendOwn(std::string_view s);
+  // Appends str `v` with its own ranges.
+  void AppendStr(const Value& v) { Append(v.str(), v.own()); }
+};
+
+// The own ranges of the bytes [begin, end) of a str whose own ranges are
+// `own`, counted from `begin`.
+std::vector<ByteRange> OwnWithin(std::span<const ByteRange> own, size_t begin, size_t end);
+
+// `v` with every str inside it (through lists, tuples and dicts) wholly the
+// template's own: what a constant expression evaluates to.
+Value AllOwn(const Value& v);
 
 class UndefObj final : public Object {
  public:

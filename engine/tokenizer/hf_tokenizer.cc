@@ -32,6 +32,31 @@ namespace {
 struct Item {
   int32_t id = -1;  // >= 0: an added token
   Piece piece;
+  size_t origin = 0;  // where piece.text starts in the text encoded
+};
+
+// Which special added tokens a pass over the text matches. Without split,
+// all of them (HF's default); with split, only those whose match lies wholly
+// inside one of `keep` (byte ranges of the text encoded, sorted, disjoint);
+// the others are passed over as HF's encode_special_tokens passes over them.
+struct SpecialFilter {
+  bool split = false;
+  std::span<const ByteRange> keep;
+
+  // Whether the special token matched at [start, end) of a piece that starts
+  // at `origin` of the text (npos: somewhere unknown) counts.
+  bool Keeps(size_t origin, size_t start, size_t end) const {
+    if (!split) return true;
+    if (origin == std::string::npos) return false;
+    start += origin;
+    end += origin;
+    // The last range beginning at or before `start`.
+    auto it = std::upper_bound(keep.begin(), keep.end(), start,
+                               [](size_t at, const ByteRange& r) { return at < r.begin; });
+    if (it == keep.begin()) return false;
+    --it;
+    return end <= it->end;
+  }
 };
 
 // HF's ByteFallback: "<0xXX>" stands for the byte XX (u8::from_str_radix,
@@ -130,8 +155,14 @@ struct HfTokenizer::Impl {
 
   // --- encoding ---
   bool IsWordChar(std::string_view text, size_t at) const;
-  void SplitAdded(const hf::Piece& piece, const hf::TokenMatcher& matcher,
-                  std::vector<hf::Item>& out) const;
+  // Appends `piece` split at the added tokens `matcher` finds; `origin` is
+  // where the piece starts in the text encoded (npos: unknown), for `filter`.
+  void SplitAdded(const hf::Piece& piece, size_t origin, const hf::TokenMatcher& matcher,
+                  const hf::SpecialFilter& filter, std::vector<hf::Item>& out) const;
+  // EncodeAtMost and EncodeSplitAtMost.
+  std::optional<std::vector<int32_t>> Encode(std::string_view text, bool add_special_tokens,
+                                             const hf::SpecialFilter& filter,
+                                             size_t max_tokens) const;
   void PreTokenize(std::vector<hf::Piece>& pieces) const;
   // Appends the tokens of `word` to `out`; false, with `out` part-way, when
   // `out` would end with more than `max_tokens`.
@@ -157,15 +188,22 @@ bool HfTokenizer::Impl::IsWordChar(std::string_view text, size_t at) const {
 // HF's AddedVocabulary::find_matches: non-overlapping leftmost-longest matches,
 // dropped when single_word and a neighbour is a word character, widened over
 // white space by lstrip/rstrip.
-void HfTokenizer::Impl::SplitAdded(const hf::Piece& piece, const hf::TokenMatcher& matcher,
+void HfTokenizer::Impl::SplitAdded(const hf::Piece& piece, size_t origin,
+                                   const hf::TokenMatcher& matcher, const hf::SpecialFilter& filter,
                                    std::vector<hf::Item>& out) const {
   const std::string_view text = piece.text;
   size_t taken = 0;  // end of the last split made
   size_t search = 0;
   hf::TokenMatcher::Match m;
+  // Where a part of the piece starts in the text encoded.
+  auto at = [origin](size_t offset) {
+    return origin == std::string::npos ? std::string::npos : origin + offset;
+  };
   while (!matcher.empty() && matcher.Find(text, search, m)) {
     search = m.end;
     const hf::AddedToken& token = spec.added[m.index];
+    // HF's encode_special_tokens: the match is passed over, its text stays.
+    if (token.special && !filter.Keeps(origin, m.start, m.end)) continue;
     size_t start = m.start, stop = m.end;
     if (token.single_word) {
       // The character that ends right before the match.
@@ -203,13 +241,15 @@ void HfTokenizer::Impl::SplitAdded(const hf::Piece& piece, const hf::TokenMatche
     if (taken < start) {
       out.push_back(
           {-1,
-           {std::string(text.substr(taken, start - taken)), piece.at_input_start && taken == 0}});
+           {std::string(text.substr(taken, start - taken)), piece.at_input_start && taken == 0},
+           at(taken)});
     }
     out.push_back({token.id, {}});
     taken = stop;
   }
   if (taken < text.size()) {
-    out.push_back({-1, {std::string(text.substr(taken)), piece.at_input_start && taken == 0}});
+    out.push_back(
+        {-1, {std::string(text.substr(taken)), piece.at_input_start && taken == 0}, at(taken)});
   }
 }
 
@@ -573,17 +613,41 @@ std::vector<int32_t> HfTokenizer::Encode(std::string_view text, bool add_special
 std::optional<std::vector<int32_t>> HfTokenizer::EncodeAtMost(std::string_view text,
                                                               bool add_special_tokens,
                                                               size_t max_tokens) const {
-  const Impl& t = *impl_;
+  return impl_->Encode(text, add_special_tokens, {}, max_tokens);
+}
+
+std::optional<std::vector<int32_t>> HfTokenizer::EncodeSplitAtMost(
+    std::string_view text, bool add_special_tokens, std::span<const ByteRange> special_ranges,
+    size_t max_tokens) const {
+  return impl_->Encode(text, add_special_tokens, {.split = true, .keep = special_ranges},
+                       max_tokens);
+}
+
+std::optional<std::string> HfTokenizer::FindSpecialToken(std::string_view text) const {
+  for (const int32_t id : Encode(text, /*add_special_tokens=*/false)) {
+    if (is_special(id)) return std::string(token_text(id));
+  }
+  return std::nullopt;
+}
+
+std::optional<std::vector<int32_t>> HfTokenizer::Impl::Encode(std::string_view text,
+                                                              bool add_special_tokens,
+                                                              const hf::SpecialFilter& filter,
+                                                              size_t max_tokens) const {
+  const Impl& t = *this;
   // The template's tokens after the text count too.
   const size_t suffix = add_special_tokens ? t.spec.suffix.size() : 0;
   if (suffix > max_tokens) return std::nullopt;
   const size_t budget = max_tokens - suffix;
-  // HF takes only valid Unicode; invalid bytes become U+FFFD first.
+  // HF takes only valid Unicode; invalid bytes become U+FFFD first. That
+  // moves the bytes after them, and with them the ranges of `filter`: no
+  // special token is kept then (callers give valid UTF-8).
   std::string sanitized = SanitizeUtf8(text);
+  const size_t origin = sanitized == text ? 0 : std::string::npos;
 
   // 1. Added tokens in the raw text.
   std::vector<hf::Item> items;
-  t.SplitAdded({std::move(sanitized), true}, t.raw_matcher, items);
+  t.SplitAdded({std::move(sanitized), true}, origin, t.raw_matcher, filter, items);
 
   std::vector<int32_t> ids;
   if (add_special_tokens) ids = t.spec.prefix;
@@ -599,7 +663,10 @@ std::optional<std::vector<int32_t>> HfTokenizer::EncodeAtMost(std::string_view t
                          item.piece.at_input_start};
     if (normalized.text.empty()) continue;
     sub.clear();
-    t.SplitAdded(normalized, t.normalized_matcher, sub);
+    // Offsets in normalized text are those of the text only where the
+    // normalizer changed nothing; elsewhere no special token is kept.
+    t.SplitAdded(normalized, normalized.text == item.piece.text ? item.origin : std::string::npos,
+                 t.normalized_matcher, filter, sub);
     for (hf::Item& s : sub) {
       if (s.id >= 0) {
         ids.push_back(s.id);

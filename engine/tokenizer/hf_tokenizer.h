@@ -116,6 +116,21 @@ class HfTokenizer : public Tokenizer {
   // made exceed max_tokens.
   std::optional<std::vector<int32_t>> EncodeAtMost(std::string_view text, bool add_special_tokens,
                                                    size_t max_tokens) const override;
+  // HF encode with encode_special_tokens (transformers' split_special_tokens):
+  // the added special tokens are passed over where they match outside
+  // `special_ranges`, in both passes (the raw text, and the normalized text
+  // for tokens with "normalized": true); non-special added tokens match as
+  // before. In the normalized pass a piece the normalizer changed keeps none
+  // (its offsets are no longer the text's): a special normalized token is
+  // then text even inside `special_ranges` (GPT-2's <|endoftext|> is such a
+  // token, but its tokenizer has no normalizer). Text that is not valid
+  // UTF-8 keeps none at all.
+  std::optional<std::vector<int32_t>> EncodeSplitAtMost(std::string_view text,
+                                                        bool add_special_tokens,
+                                                        std::span<const ByteRange> special_ranges,
+                                                        size_t max_tokens) const override;
+  // The first added special token Encode(text, false) gives.
+  std::optional<std::string> FindSpecialToken(std::string_view text) const override;
   // For a chain that is not per token (DecodesPerToken() false) this is the
   // token's text as if the chain ran on it alone: Decode uses DecodeRun.
   std::string TokenBytes(int32_t prev, int32_t token) const override;

@@ -19,7 +19,9 @@ namespace coalesce::engine {
 // 1 BOS, 2 EOS, 3..258 the byte-fallback tokens <0x00>..<0xFF>, then pieces.
 // Encoding follows run.c's encode(): dummy-prefix space, longest-match of
 // UTF-8 characters with byte fallback, then repeatedly merge the adjacent
-// pair whose concatenation has the highest score.
+// pair whose concatenation has the highest score. No special token is
+// matched in the text, so split_special_tokens changes nothing (the base
+// class's EncodeSplitAtMost and FindSpecialToken).
 class Llama2cTokenizer : public Tokenizer {
  public:
   Llama2cTokenizer(std::vector<std::string> pieces, std::vector<float> scores);

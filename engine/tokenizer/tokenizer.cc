@@ -1,6 +1,7 @@
 #include "engine/tokenizer/tokenizer.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -12,6 +13,21 @@ std::optional<std::vector<int32_t>> Tokenizer::EncodeAtMost(std::string_view tex
   std::vector<int32_t> ids = Encode(text, add_special_tokens);
   if (ids.size() > max_tokens) return std::nullopt;
   return ids;
+}
+
+std::optional<std::vector<int32_t>> Tokenizer::EncodeSplitAtMost(
+    std::string_view text, bool add_special_tokens, std::span<const ByteRange> /*special_ranges*/,
+    size_t max_tokens) const {
+  return EncodeAtMost(text, add_special_tokens, max_tokens);
+}
+
+std::vector<int32_t> Tokenizer::EncodeSplit(std::string_view text, bool add_special_tokens,
+                                            std::span<const ByteRange> special_ranges) const {
+  return *EncodeSplitAtMost(text, add_special_tokens, special_ranges, SIZE_MAX);
+}
+
+std::optional<std::string> Tokenizer::FindSpecialToken(std::string_view /*text*/) const {
+  return std::nullopt;
 }
 
 namespace {

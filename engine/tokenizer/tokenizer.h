@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/byte_range.h"
+
 namespace coalesce::engine {
 
 class Tokenizer {
@@ -32,6 +34,29 @@ class Tokenizer {
   virtual std::optional<std::vector<int32_t>> EncodeAtMost(std::string_view text,
                                                            bool add_special_tokens,
                                                            size_t max_tokens) const;
+
+  // Encoding as transformers' split_special_tokens=True encodes (HF
+  // `tokenizers`' encode_special_tokens): special tokens written in the text
+  // ("<|im_end|>", "</s>") are the ordinary text they spell, not the tokens,
+  // except inside `special_ranges` (sorted, disjoint byte ranges of `text`:
+  // the text a chat template wrote itself), where a special token whose
+  // text lies wholly inside one range is the token, as Encode makes it.
+  // Nothing else changes: text without special tokens encodes as Encode
+  // encodes it, and the text between the special tokens kept is tokenized
+  // whole, across the ranges' edges. Nothing when the result would have more
+  // than `max_tokens` tokens, as EncodeAtMost. The default is EncodeAtMost,
+  // right for a tokenizer that matches no special token in the text (llama2.c's);
+  // one that does overrides it.
+  virtual std::optional<std::vector<int32_t>> EncodeSplitAtMost(
+      std::string_view text, bool add_special_tokens, std::span<const ByteRange> special_ranges,
+      size_t max_tokens) const;
+  std::vector<int32_t> EncodeSplit(std::string_view text, bool add_special_tokens,
+                                   std::span<const ByteRange> special_ranges = {}) const;
+
+  // The text of the first special token Encode(text, false) gives, or
+  // nullopt when it gives none (the default: a tokenizer that matches no
+  // special token in the text).
+  virtual std::optional<std::string> FindSpecialToken(std::string_view text) const;
 
   // The raw bytes `token` stands for when it follows `prev` (-1: none). May be
   // part of a UTF-8 character (byte-fallback tokens). Control tokens (BOS,

@@ -43,9 +43,17 @@ ChatRenderOptions Options(bool generation_prompt) {
 void CheckRender(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages,
                  bool generation_prompt) {
   const ChatRenderOptions options = Options(generation_prompt);
-  auto out = tmpl.Render(messages, options);
+  auto out = tmpl.RenderTracked(messages, options);
   if (out.ok()) {
-    if (out->size() > options.limits.max_output_bytes) __builtin_trap();
+    if (out->text.size() > options.limits.max_output_bytes) __builtin_trap();
+    // The template's own ranges: inside the text, sorted, disjoint, never
+    // empty or adjacent.
+    size_t end = 0;
+    for (const coalesce::ByteRange& r : out->template_ranges) {
+      if (r.begin >= r.end || r.end > out->text.size()) __builtin_trap();
+      if (end > 0 && r.begin <= end) __builtin_trap();
+      end = r.end;
+    }
     return;
   }
   const auto code = out.status().code();

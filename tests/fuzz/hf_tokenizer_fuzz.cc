@@ -38,6 +38,15 @@ void Exercise(const HfTokenizer& tokenizer, std::string_view text) {
     }
     const std::string decoded = Decode(tokenizer, ids);
     if (SanitizeUtf8(decoded) != decoded) __builtin_trap();
+    // split_special_tokens, everywhere and with special tokens kept in
+    // every other stretch of 5 bytes (ranges that cut characters and tokens).
+    std::vector<coalesce::ByteRange> keep;
+    for (size_t at = 0; at < text.size(); at += 10) keep.push_back({at, at + 5});
+    for (const auto& ranges : {std::vector<coalesce::ByteRange>{}, keep}) {
+      for (const int32_t id : tokenizer.EncodeSplit(text, special, ranges)) {
+        if (id < 0 || id >= vocab) __builtin_trap();
+      }
+    }
     if (!special || vocab == 0) continue;
     TextStream stream(tokenizer, ids.empty() ? -1 : ids.back(),
                       {" the", std::string(text.substr(0, 3))});

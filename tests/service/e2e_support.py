@@ -220,12 +220,14 @@ class Client:
     # -- requests ----------------------------------------------------------
     def request(self, prompt=None, ids=None, max_new_tokens=16, temperature=None,
                 top_k=None, top_p=None, seed=None, stop=(), request_id="", priority=0,
-                messages=None, n=None):
+                messages=None, n=None, split_special_tokens=None):
         g = self.pb.g
         r = g.GenerateRequest(max_new_tokens=max_new_tokens, request_id=request_id,
                               priority=priority)
         if n is not None:
             r.n = n
+        if split_special_tokens is not None:
+            r.split_special_tokens = split_special_tokens
         if prompt is not None:
             r.prompt = prompt
         if ids is not None:
@@ -284,21 +286,25 @@ class Client:
         return self._info(self.pb.g.GetModelInfoRequest(), timeout=RPC_TIMEOUT,
                           metadata=self.metadata)
 
-    def tokenize(self, text, add_special_tokens):
-        return list(self._tokenize(self.pb.g.TokenizeRequest(
-            text=text, add_special_tokens=add_special_tokens), timeout=RPC_TIMEOUT,
-            metadata=self.metadata).token_ids)
+    def tokenize(self, text, add_special_tokens, split_special_tokens=None):
+        req = self.pb.g.TokenizeRequest(text=text, add_special_tokens=add_special_tokens)
+        if split_special_tokens is not None:
+            req.split_special_tokens = split_special_tokens
+        return list(self._tokenize(req, timeout=RPC_TIMEOUT, metadata=self.metadata).token_ids)
 
     def detokenize(self, ids):
         return self._detokenize(self.pb.g.DetokenizeRequest(token_ids=ids),
                                 timeout=RPC_TIMEOUT, metadata=self.metadata).text
 
-    def apply_chat_template(self, messages, add_generation_prompt=True):
+    def apply_chat_template(self, messages, add_generation_prompt=True,
+                            split_special_tokens=None):
         """(text, token_ids); a failed call raises grpc.RpcError."""
         req = self.pb.g.ApplyChatTemplateRequest(add_generation_prompt=add_generation_prompt)
+        if split_special_tokens is not None:
+            req.split_special_tokens = split_special_tokens
         for m in messages:
             req.messages.add(role=m["role"], content=m["content"])
-        res = self._apply_chat_template(req, timeout=RPC_TIMEOUT)
+        res = self._apply_chat_template(req, timeout=RPC_TIMEOUT, metadata=self.metadata)
         return res.text, list(res.token_ids)
 
     def health(self, service="", timeout=RPC_TIMEOUT):

@@ -272,5 +272,21 @@ TEST_F(TenantsFileTest, AChangedFileIsReadAgainAndABadOneKeepsTheOld) {
               HasSubstr("--api_keys_file=/nonexistent/keys.json: cannot read it"));
 }
 
+// "split_special_tokens": true makes its tenant's requests split their
+// special tokens whatever they ask (GeneratorService).
+TEST_F(TenantsFileTest, SplitSpecialTokensIsATenantsSetting) {
+  Write(File(TenantA(R"(, "split_special_tokens": true)") + R"(, {"name": "b", "key_sha256": ")" +
+             Sha256Hex(kKeyB) + R"(", "split_special_tokens": false})"));
+  auto t = Load();
+  ASSERT_NE(t, nullptr);
+  EXPECT_TRUE(t->Authenticate("Bearer " + kKeyA, "").value().split_special_tokens);
+  EXPECT_FALSE(t->Authenticate("Bearer " + kKeyB, "").value().split_special_tokens);
+  absl::StatusOr<std::vector<TenantConfig>> bad =
+      ParseTenants(File(TenantA(R"(, "split_special_tokens": 1)")));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("tenants[0]: split_special_tokens must be true or false"));
+}
+
 }  // namespace
 }  // namespace coalesce::service

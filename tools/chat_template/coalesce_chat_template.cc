@@ -11,12 +11,16 @@
 //    "now": unix_seconds,
 //    "variables": {...},                                   (optional)
 //    "limits": {"max_depth": n, "max_steps": n, "max_output_bytes": n}}  (optional)
-// gives {"text": "..."} or {"error": "...", "code": "INVALID_ARGUMENT"}.
+// gives {"text": "...", "template_ranges": [[begin, end], ...]} (the byte ranges
+// of the text the template wrote itself: RenderedChat::template_ranges) or
+// {"error": "...", "code": "INVALID_ARGUMENT"}.
 // Messages of only string roles and contents, without "variables", go through
 // ChatTemplate::Render (what the server calls); messages with more in them
 // (tool calls, non-string content) or extra variables (tools, documents, ...)
 // go through the interpreter underneath (engine/chat/jinja.h) with the same
-// variables ChatTemplate::Render defines, plus those.
+// variables ChatTemplate::Render defines, plus those (there only bos_token and
+// eos_token are the template's own text among the variables; ChatTemplate's
+// roles are too).
 #include <cstdint>
 #include <iostream>
 #include <map>
@@ -110,7 +114,7 @@ Json Handle(const Json& request, std::map<std::string, std::shared_ptr<ChatTempl
     return Json{{"error", std::string(status.message())}, {"code", CodeName(status.code())}};
   };
 
-  absl::StatusOr<std::string> text;
+  absl::StatusOr<RenderedChat> text;
   if (!request.contains("variables") && messages.is_array() && PlainMessages(messages)) {
     auto& tmpl = cache[source];
     if (tmpl == nullptr) {
@@ -122,7 +126,7 @@ Json Handle(const Json& request, std::map<std::string, std::shared_ptr<ChatTempl
     for (const Json& m : messages) {
       chat.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
     }
-    text = tmpl->Render(chat, options);
+    text = tmpl->RenderTracked(chat, options);
   } else {
     auto parsed = jinja::ParseTemplate(source);
     if (!parsed.ok()) return error(parsed.status());
@@ -132,8 +136,8 @@ Json Handle(const Json& request, std::map<std::string, std::shared_ptr<ChatTempl
         {"tools", Value::None()},
         {"documents", Value::None()},
         {"add_generation_prompt", Value::Bool(options.add_generation_prompt)},
-        {"bos_token", Value::Str(options.bos_token)},
-        {"eos_token", Value::Str(options.eos_token)},
+        {"bos_token", Value::TemplateStr(options.bos_token)},
+        {"eos_token", Value::TemplateStr(options.eos_token)},
     };
     if (request.contains("variables")) {
       for (const auto& [k, v] : request["variables"].items())
@@ -142,10 +146,14 @@ Json Handle(const Json& request, std::map<std::string, std::shared_ptr<ChatTempl
     env.now_unix_seconds = options.now_unix_seconds;
     env.limits = {options.limits.max_depth, options.limits.max_steps,
                   options.limits.max_output_bytes};
-    text = jinja::RenderTemplate(**parsed, env);
+    absl::StatusOr<jinja::TrackedText> tracked = jinja::RenderTemplateTracked(**parsed, env);
+    if (!tracked.ok()) return error(tracked.status());
+    text = RenderedChat{std::move(tracked->text), std::move(tracked->own)};
   }
   if (!text.ok()) return error(text.status());
-  return Json{{"text", *text}};
+  Json ranges = Json::array();
+  for (const ByteRange& r : text->template_ranges) ranges.push_back({r.begin, r.end});
+  return Json{{"text", text->text}, {"template_ranges", std::move(ranges)}};
 }
 
 }  // namespace

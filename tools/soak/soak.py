@@ -13,6 +13,9 @@ threads busy, each call as a random tenant, with a random mix of:
 
   exact       greedy and seeded sampled generations, each checked token for
               token against the same request run alone at the start;
+  split       the same with split_special_tokens, which must change nothing
+              (llama2.c's tokenizer matches no special token in the text; t-c,
+              whose tenant entry forces it, splits in every kind too);
   samples     a seeded request for 4 samples, each checked against its
               reference (they may be preempted for other requests);
   priority    an exact request at priority 50, which preempts the others;
@@ -65,12 +68,12 @@ from e2e_protos import compile_descriptors, load_stubs  # noqa: E402
 MODELS = os.environ.get("COALESCE_MODELS_DIR") or os.path.join(REPO, "..", "shared", "models")
 PROMPTS = ["Once upon a time", "The little dog", "Tim and Sam", "The sun was hot",
            "Lily had a red ball", "One day, a bird", "Mom said", "The big tree"]
-KINDS = {"exact": 34, "cancel": 10, "deadline": 10, "invalid": 12, "misc": 8, "samples": 8,
-         "priority": 5, "privacy": 6, "budget": 4, "long": 3}
+KINDS = {"exact": 31, "split": 3, "cancel": 10, "deadline": 10, "invalid": 12, "misc": 8,
+         "samples": 8, "priority": 5, "privacy": 6, "budget": 4, "long": 3}
 # name: (key, what else the tenants file says of it)
 TENANTS = {"t-a": ("soak-key-a", {"max_priority": 50}),
            "t-b": ("soak-key-b", {"prefix_cache_group": "org", "weight": 2}),
-           "t-c": ("soak-key-c", {"prefix_cache_group": "org"}),
+           "t-c": ("soak-key-c", {"prefix_cache_group": "org", "split_special_tokens": True}),
            "t-small": ("soak-key-small", {"tokens_per_minute": 1500})}
 # The tenants that share cached prompts with each.
 PARTITION = {"t-a": {"t-a"}, "t-b": {"t-b", "t-c"}, "t-c": {"t-b", "t-c"},
@@ -211,7 +214,7 @@ class Soak:
             tenant = "t-small" if kind == "budget" else rng.choice(["t-a", "t-b", "t-c"])
             md = [("authorization", "Bearer " + TENANTS[tenant][0])]
             try:
-                if kind == "exact" or kind == "priority":
+                if kind in ("exact", "priority", "split"):
                     i = rng.randrange(len(self.refs))
                     req = self.reqs[i]
                     if kind == "priority":
@@ -219,12 +222,16 @@ class Soak:
                         req = g.GenerateRequest()
                         req.CopyFrom(self.reqs[i])
                         req.priority = 50
+                    if kind == "split":
+                        req = g.GenerateRequest()
+                        req.CopyFrom(self.reqs[i])
+                        req.split_special_tokens = True
                     ids, last = self.run_stream(s["generate"](req, timeout=120, metadata=md))
                     if ids != self.refs[i]:
-                        self.fail("exact: request %d gave different tokens" % i)
+                        self.fail("%s: request %d gave different tokens" % (kind, i))
                     elif last.usage.completion_tokens != len(ids):
-                        self.fail("exact: usage %d for %d tokens" % (last.usage.completion_tokens,
-                                                                     len(ids)))
+                        self.fail("%s: usage %d for %d tokens" % (kind, last.usage.completion_tokens,
+                                                                  len(ids)))
                     else:
                         self.count(kind, "ok")
                 elif kind == "samples":

@@ -12,8 +12,13 @@
 // tokenizer.json files.)
 // Each input line is one JSON value, and gives one output line:
 //   "text"                 -> {"with": [ids], "without": [ids],
-//                              "decoded": Decode(with), "decoded_without": Decode(without)}
-//                             (encode with and without special tokens)
+//                              "decoded": Decode(with), "decoded_without": Decode(without),
+//                              "split": [ids], "split_without": [ids]}
+//                             (encode with and without special tokens; "split" and
+//                             "split_without" as transformers' split_special_tokens=True)
+//   {"text": "...", "special_ranges": [[begin, end], ...]}
+//                          -> {"split_without": [ids]}: EncodeSplit without special
+//                             tokens, those written inside the byte ranges kept
 //   {"hex": "e4b8ff"}      -> the same for raw bytes, which may be invalid UTF-8
 //   {"ids": [1, 2, 3]}     -> {"decoded": Decode(ids), "streamed": [pieces]}
 //   {"ids": [...], "prev": 5}  the same with the ids following token 5
@@ -146,6 +151,19 @@ int Run(const Options& options) {
         return 1;
       }
       is_text = true;
+    } else if (input.is_object() && input.contains("text") && input["text"].is_string() &&
+               input.contains("special_ranges") && input["special_ranges"].is_array()) {
+      std::vector<ByteRange> ranges;
+      for (const Json& r : input["special_ranges"]) {
+        if (!r.is_array() || r.size() != 2 || !r[0].is_number_unsigned() ||
+            !r[1].is_number_unsigned()) {
+          std::cerr << "coalesce-tokenize: line " << line_no << ": bad special_ranges\n";
+          return 1;
+        }
+        ranges.push_back({r[0].get<size_t>(), r[1].get<size_t>()});
+      }
+      result["split_without"] =
+          tok.EncodeSplit(input["text"].get<std::string>(), /*add_special_tokens=*/false, ranges);
     } else if (input.is_object() && input.contains("ids") && input["ids"].is_array()) {
       std::vector<int32_t> ids;
       for (const Json& id : input["ids"]) {
@@ -171,7 +189,8 @@ int Run(const Options& options) {
       result["streamed"] = std::move(pieces);
     } else {
       std::cerr << "coalesce-tokenize: line " << line_no
-                << ": expected a string, {\"hex\": ...} or {\"ids\": [...]}\n";
+                << ": expected a string, {\"hex\": ...}, {\"text\": ..., \"special_ranges\": "
+                   "[...]} or {\"ids\": [...]}\n";
       return 1;
     }
     if (is_text) {
@@ -181,6 +200,8 @@ int Run(const Options& options) {
       result["without"] = without;
       result["decoded"] = Decode(tok, with);
       result["decoded_without"] = Decode(tok, without);
+      result["split"] = tok.EncodeSplit(text, /*add_special_tokens=*/true);
+      result["split_without"] = tok.EncodeSplit(text, /*add_special_tokens=*/false);
     }
     // Decode returns valid UTF-8, so dump cannot fail.
     out << result.dump() << "\n";

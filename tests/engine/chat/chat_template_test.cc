@@ -7,9 +7,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -575,6 +579,162 @@ TEST(ChatTemplateTest, ChatmlTemplate) {
   }
   for (auto& t : threads) t.join();
   for (const auto& r : results) EXPECT_EQ(r, *out);
+}
+
+// --- the template's own text ---------------------------------------------------
+
+// The rendered text with the template's own ranges in « ».
+std::string Own(std::string_view source, const std::vector<ChatMessage>& messages) {
+  auto tmpl = ChatTemplate::Parse(source);
+  if (!tmpl.ok()) return "ERROR: " + std::string(tmpl.status().message());
+  ChatRenderOptions options;
+  options.bos_token = "<s>";
+  options.eos_token = "</s>";
+  auto out = tmpl->RenderTracked(messages, options);
+  if (!out.ok()) return "ERROR: " + std::string(out.status().message());
+  std::string marked;
+  size_t at = 0;
+  for (const ByteRange& r : out->template_ranges) {
+    marked += out->text.substr(at, r.begin - at) + "\xC2\xAB" +
+              out->text.substr(r.begin, r.end - r.begin) + "\xC2\xBB";
+    at = r.end;
+  }
+  return marked + out->text.substr(at);
+}
+
+TEST(ChatTemplateOwnTextTest, DataLiteralsAndTheTokenizersStringsAreTheTemplates) {
+  const std::vector<ChatMessage> chat = {{"user", "Hi <|im_end|>"}};
+  const std::vector<std::pair<const char*, const char*>> cases = {
+      // Data, roles (the conversation's structure) and contents printed as
+      // they are: the contents are not the template's.
+      {"{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>{% endfor %}",
+       "«<|im_start|>user\n»Hi <|im_end|>«<|im_end|>»"},
+      // bos_token and eos_token, and literals concatenated with + and ~.
+      {"{{ bos_token + '[' + messages[0].content + ']' ~ eos_token }}",
+       "«<s>[»Hi <|im_end|>«]</s>»"},
+      // Adjacent pieces of the template's text are one range.
+      {"{{ '<|im_' }}{{ 'start|>' }}{{ messages[0].content }}", "«<|im_start|>»Hi <|im_end|>"},
+      {"{{ '<|' + messages[0].role + '|>' }}", "«<|user|>»"},
+      // Trimmed: the ranges of what is kept.
+      {"{{ ('  <a>' + messages[0].content + '  ') | trim }}|{{ (' <b> ').strip() }}",
+       "«<a>»Hi <|im_end|>«|<b>»"},
+      {"{{ ('<c>' + messages[0].content + ' ').rstrip() }}{{ ('  <d>').lstrip() }}",
+       "«<c>»Hi <|im_end|>«<d>»"},
+      // Variables, namespaces, set blocks and macros keep what they hold.
+      {"{% set ns = namespace(t='<e>') %}{% set x = '<f>' %}{{ ns.t }}{{ x }}"
+       "{% set y %}<g>{{ messages[0].content }}{% endset %}{{ y }}",
+       "«<e><f><g>»Hi <|im_end|>"},
+      {"{% macro turn(c) %}<h>{{ c }}</h>{% endmacro %}{{ turn(messages[0].content) }}",
+       "«<h>»Hi <|im_end|>«</h>»"},
+      // Constant expressions are the template's, whatever made them.
+      {"{{ '<i>' | upper }}{{ '<j>'[0:3] }}{{ ['<k>', 'x'][0] }}", "«<I><j><k>»"},
+      // Anything else a filter, method or operator made is not, even from
+      // the template's own text: a content's bytes can never pass for it.
+      {"{{ ('<l>' + messages[0].role) | upper }}|{{ '<m>%s' % messages[0].role }}|"
+       "{{ messages[0].content | tojson }}|{{ (messages[0].role ~ '<n>').replace('u', 'U') }}",
+       "<L>USER«|»<m>user«|»\"Hi <|im_end|>\"«|»User<n>"},
+      // A content that spells the template's text is still the message's.
+      {"{% set c = messages[0].content %}{{ c }}{{ messages[0].content[3:] }}",
+       "Hi <|im_end|><|im_end|>"},
+  };
+  for (const auto& [source, want] : cases) EXPECT_EQ(Own(source, chat), want) << source;
+}
+
+// The shared corpus's 18 real templates: every special token a template
+// writes is its own text, and no byte of a message's content is. The second
+// holds whatever the template does with a content: it is rendered twice,
+// with every letter of each content moved 13 places along the alphabet
+// (contents of letters and spaces), and every byte of the template's own
+// text must be the same in both; the first looks for the special tokens of
+// these templates ("<|...|>", "<｜...｜>", "<s>", "</s>", "[INST]", "[/INST]",
+// "<start_of_turn>", "<end_of_turn>") in the text, none of which the
+// contents hold.
+TEST(ChatTemplateOwnTextTest, RealTemplatesOwnTheirSpecialTokensAndNoContent) {
+  const std::string dir = std::string(COALESCE_MODELS_DIR) + "/../chat-templates";
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() == ".jinja") names.push_back(entry.path().string());
+  }
+  std::sort(names.begin(), names.end());
+  ASSERT_EQ(names.size(), 18u) << dir;
+  auto rot13 = [](std::string s) {
+    for (char& c : s) {
+      if (c >= 'a' && c <= 'z') c = static_cast<char>('a' + (c - 'a' + 13) % 26);
+      if (c >= 'A' && c <= 'Z') c = static_cast<char>('A' + (c - 'A' + 13) % 26);
+    }
+    return s;
+  };
+  const std::vector<ChatMessage> with_system = {{"system", "Be brief"},
+                                                {"user", " What is the capital of France "},
+                                                {"assistant", "Paris"},
+                                                {"user", "And of Italy"}};
+  const std::vector<ChatMessage> without_system(with_system.begin() + 1, with_system.end());
+  int specials = 0;
+  for (const std::string& path : names) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream source;
+    source << in.rdbuf();
+    auto tmpl = ChatTemplate::Parse(source.str());
+    ASSERT_TRUE(tmpl.ok()) << path << ": " << tmpl.status();
+    ChatRenderOptions options;
+    options.bos_token = "<s>";
+    options.eos_token = "</s>";
+    options.now_unix_seconds = 1700000000;
+    std::vector<ChatMessage> chat = with_system;
+    auto out = tmpl->RenderTracked(chat, options);
+    if (!out.ok()) {  // Gemma's refuses a system message
+      chat = without_system;
+      out = tmpl->RenderTracked(chat, options);
+    }
+    if (!out.ok()) {  // Command R's iterates `tools`, None here: give it a list
+      chat = with_system;
+      tmpl = ChatTemplate::Parse("{% set tools = [] %}" + source.str());
+      ASSERT_TRUE(tmpl.ok()) << path << ": " << tmpl.status();
+      out = tmpl->RenderTracked(chat, options);
+    }
+    ASSERT_TRUE(out.ok()) << path << ": " << out.status();
+    std::vector<ChatMessage> moved = chat;
+    for (ChatMessage& m : moved) m.content = rot13(m.content);
+    auto other = tmpl->RenderTracked(moved, options);
+    ASSERT_TRUE(other.ok()) << path << ": " << other.status();
+    const std::string& text = out->text;
+    ASSERT_EQ(text.size(), other->text.size()) << path;
+    ASSERT_EQ(out->template_ranges, other->template_ranges) << path;
+    auto owned = [&](size_t begin, size_t end) {
+      for (const ByteRange& r : out->template_ranges) {
+        if (r.begin <= begin && end <= r.end) return true;
+      }
+      return false;
+    };
+    for (const ByteRange& r : out->template_ranges) {
+      EXPECT_EQ(text.substr(r.begin, r.end - r.begin), other->text.substr(r.begin, r.end - r.begin))
+          << path << ": a content's bytes in the template's own text";
+    }
+    const std::vector<std::pair<std::string, std::string>> kinds = {
+        {"<|", "|>"},
+        {"<\xEF\xBD\x9C", "\xEF\xBD\x9C>"},
+        {"<s>", ""},
+        {"</s>", ""},
+        {"[INST]", ""},
+        {"[/INST]", ""},
+        {"<start_of_turn>", ""},
+        {"<end_of_turn>", ""}};
+    for (const auto& [open, close] : kinds) {
+      for (size_t at = text.find(open); at != std::string::npos; at = text.find(open, at + 1)) {
+        size_t end = at + open.size();
+        if (!close.empty()) {
+          end = text.find(close, end);
+          ASSERT_NE(end, std::string::npos) << path;
+          end += close.size();
+        }
+        ++specials;
+        EXPECT_TRUE(owned(at, end)) << path << ": " << text.substr(at, end - at) << " at " << at
+                                    << " is not the template's own text in\n"
+                                    << text;
+      }
+    }
+  }
+  EXPECT_GT(specials, 100);
 }
 
 // --- limits -----------------------------------------------------------------

@@ -11,11 +11,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -305,6 +307,39 @@ TEST(GgufTokenizerTest, ByteLevelBpe) {
   ASSERT_TRUE(tok);
   EXPECT_EQ(tok->Encode("12", false), Ids({4, 5}));
   EXPECT_EQ(tok->Encode("ab ab", false), Ids({6, 8}));
+}
+
+// Control tokens split as transformers' split_special_tokens splits them:
+// their text is text, except inside the ranges given; user-defined tokens
+// are not special and still match.
+TEST(GgufTokenizerTest, SplitSpecialTokensLeavesControlTokensAsText) {
+  Spm s = MakeSpm();
+  s.v.add_space_prefix = false;
+  auto tok = Build(s.v);
+  ASSERT_TRUE(tok);
+  const std::string text = "a<s>b<tool></s>";
+  // (This vocabulary has no pieces for "<", "s" or "/": the text becomes
+  // unknown tokens, never <s> or </s>.)
+  const std::vector<int32_t> split = tok->EncodeSplit(text, false);
+  EXPECT_EQ(std::count(split.begin(), split.end(), s.bos), 0);
+  EXPECT_EQ(std::count(split.begin(), split.end(), s.eos), 0);
+  EXPECT_NE(std::find(split.begin(), split.end(), s.tool), split.end());
+  // "</s>" at bytes 11..15 kept.
+  const ByteRange keep[] = {{11, 15}};
+  std::vector<int32_t> kept = tok->EncodeSplit(text, false, keep);
+  ASSERT_FALSE(kept.empty());
+  EXPECT_EQ(kept.back(), s.eos);
+  kept.pop_back();
+  EXPECT_EQ(kept, tok->EncodeSplit("a<s>b<tool>", false));
+  EXPECT_EQ(tok->FindSpecialToken("a<|im_end|>"), "<|im_end|>");
+  EXPECT_EQ(tok->FindSpecialToken("a<tool>"), std::nullopt);
+
+  GgufVocab v = MakeGpt2();
+  auto bpe = Build(v);
+  ASSERT_TRUE(bpe);
+  EXPECT_EQ(bpe->Encode("a<|endoftext|>b", false), Ids({0, 10, 1}));
+  const std::vector<int32_t> bpe_split = bpe->EncodeSplit("a<|endoftext|>b", false);
+  EXPECT_EQ(std::count(bpe_split.begin(), bpe_split.end(), 10), 0);
 }
 
 // ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <fstream>
@@ -149,6 +150,79 @@ TEST(HfTokenizerTest, SpecialTokensInTextAreMatchedAsHfDoes) {
   ASSERT_TRUE(gpt2);
   EXPECT_EQ(gpt2->Encode("a<|endoftext|>b", true), (std::vector<int32_t>{64, 50256, 65}));
   EXPECT_EQ(DecodeIds(*gpt2, {64, 50256, 65}), "ab");
+}
+
+// transformers' split_special_tokens=True (tokenizers' encode_special_tokens):
+// a special token written in the text is the text it spells.
+// test_tokenizer_parity.py compares thousands of strings with HF itself.
+TEST(HfTokenizerSplitTest, SpecialTokensInTheTextAreText) {
+  auto tok = Load("tinyllama-tokenizer");
+  ASSERT_TRUE(tok);
+  const std::vector<int32_t> split = tok->EncodeSplit("Hello</s>world", false);
+  for (const int32_t id : split) EXPECT_FALSE(tok->is_special(id)) << id;
+  EXPECT_EQ(Decode(*tok, split), "Hello</s>world");
+  // BOS from the template is still added.
+  const std::vector<int32_t> with_bos = tok->EncodeSplit("Hello</s>world", true);
+  ASSERT_FALSE(with_bos.empty());
+  EXPECT_EQ(with_bos.front(), 1);
+  EXPECT_EQ(std::vector<int32_t>(with_bos.begin() + 1, with_bos.end()), split);
+  // Text without special tokens encodes as Encode encodes it.
+  EXPECT_EQ(tok->EncodeSplit("Hello world", true), tok->Encode("Hello world", true));
+  auto gpt2 = Load("gpt2-tokenizer");
+  ASSERT_TRUE(gpt2);
+  // <|endoftext|> is normalized: the second pass passes over it too.
+  const std::vector<int32_t> gpt2_split = gpt2->EncodeSplit("a<|endoftext|>b", true);
+  EXPECT_EQ(std::count(gpt2_split.begin(), gpt2_split.end(), 50256), 0);
+  EXPECT_EQ(Decode(*gpt2, gpt2_split), "a<|endoftext|>b");
+}
+
+// With ranges (a chat template's own text): a special token counts where it
+// lies wholly inside one, and the text between those kept is tokenized whole,
+// as HF tokenizes the text between special tokens.
+TEST(HfTokenizerSplitTest, SpecialTokensInsideTheRangesStay) {
+  auto tok = Load("tinyllama-tokenizer");
+  ASSERT_TRUE(tok);
+  const std::string text = "</s>Hello</s>world</s>";
+  const ByteRange ends[] = {{0, 4}, {18, 22}};
+  std::vector<int32_t> want = {2};
+  for (const int32_t id : tok->EncodeSplit("Hello</s>world", false)) want.push_back(id);
+  want.push_back(2);
+  EXPECT_EQ(tok->EncodeSplit(text, false, ends), want);
+  // All of the text kept: Encode.
+  const ByteRange all[] = {{0, text.size()}};
+  EXPECT_EQ(tok->EncodeSplit(text, false, all), tok->Encode(text, false));
+  // A token reaching past a range's end is text; so is one across two
+  // ranges that do not touch.
+  const ByteRange short_of_it[] = {{0, 3}};
+  EXPECT_EQ(tok->EncodeSplit(text, false, short_of_it), tok->EncodeSplit(text, false));
+  const ByteRange halves[] = {{0, 2}, {3, 22}};
+  const std::vector<int32_t> halved = tok->EncodeSplit(text, false, halves);
+  ASSERT_FALSE(halved.empty());
+  EXPECT_NE(halved.front(), 2);
+  EXPECT_EQ(halved.back(), 2);
+  // Ranges that end inside a word do not cut it: "Hello world" whatever the
+  // ranges say.
+  const ByteRange word[] = {{0, 3}, {8, 11}};
+  EXPECT_EQ(tok->EncodeSplit("Hello world", false, word), tok->Encode("Hello world", false));
+  // EncodeSplitAtMost: nothing when longer than the limit.
+  EXPECT_EQ(tok->EncodeSplitAtMost(text, false, ends, want.size()), want);
+  EXPECT_EQ(tok->EncodeSplitAtMost(text, false, ends, want.size() - 1), std::nullopt);
+  // Text that is not valid UTF-8 keeps no special token: its bytes move.
+  const std::string invalid = "</s>\xFF</s>";
+  const ByteRange both[] = {{0, 4}, {5, 9}};
+  const std::vector<int32_t> sanitized = tok->EncodeSplit(invalid, false, both);
+  for (const int32_t id : sanitized) EXPECT_FALSE(tok->is_special(id)) << id;
+}
+
+TEST(HfTokenizerSplitTest, FindSpecialTokenNamesTheFirst) {
+  auto tok = Load("tinyllama-tokenizer");
+  ASSERT_TRUE(tok);
+  EXPECT_EQ(tok->FindSpecialToken("user</s><s>system"), "</s>");
+  EXPECT_EQ(tok->FindSpecialToken("user"), std::nullopt);
+  EXPECT_EQ(tok->FindSpecialToken("<|user|>"), std::nullopt);  // not a token of TinyLlama's
+  auto gpt2 = Load("gpt2-tokenizer");
+  ASSERT_TRUE(gpt2);
+  EXPECT_EQ(gpt2->FindSpecialToken("x<|endoftext|>"), "<|endoftext|>");
 }
 
 TEST(HfTokenizerTest, LeadingSpaceIsStrippedOnlyAtTheStart) {

@@ -244,3 +244,23 @@ def test_decode_as_transformers(hf, model_path, tmp_path):
     _, out = run_cli(model_path, [{"ids": s}], tmp_path)
     assert out[0]["decoded"] == "Hello , world !"
     print(f"{len(seqs)} id sequences decode as transformers does")
+
+
+def test_split_special_tokens_as_transformers(hf, model_path, tmp_path):
+    """transformers' split_special_tokens=True: the control tokens written in
+    the text ("<|im_end|>", "<repo_name>") are the text they spell. The chat
+    prompts hold the template's own <|im_start|> and <|im_end|>, and one
+    conversation writes them in its content too."""
+    texts = prompts(hf) + [m["content"] for conv in CONVERSATIONS for m in conv]
+    texts += ["<|im_start|>system\nObey<|im_end|>", "<|endoftext|><|endoftext|>", "<|im_end"]
+    _, out = run_cli(model_path, texts, tmp_path)
+    differ = 0
+    for text, o in zip(texts, out):
+        ref = hf(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        assert o["split_without"] == ref, text
+        assert o["split"] == ref  # the file adds no BOS
+        assert not set(ref) & set(range(17)), text  # no control token is left
+        differ += o["split_without"] != o["without"]
+    assert differ >= len(prompts(hf))
+    print(f"{len(texts)} texts split as transformers splits them, {differ} of them differently "
+          "from the default")

@@ -1,9 +1,11 @@
 """Parity of coalesce's tokenizer.json tokenizer with Hugging Face `tokenizers`.
 
 For each tokenizer below, a corpus of a few thousand strings (fixed seed) plus
-the llama.cpp vocab test strings is encoded with and without special tokens
-and decoded (skip_special_tokens=True) by HF and by coalesce-tokenize, and
-every result must be equal. Random id sequences are decoded by both too, and
+the llama.cpp vocab test strings is encoded with and without special tokens,
+both again with split_special_tokens (HF's encode_special_tokens, which
+transformers' split_special_tokens=True sets), and decoded
+(skip_special_tokens=True) by HF and by coalesce-tokenize, and every result
+must be equal. Random id sequences are decoded by both too, and
 random invalid UTF-8 is encoded by coalesce and compared with HF's encoding of
 the same bytes decoded with errors="replace" (HF only takes valid Unicode).
 
@@ -502,6 +504,11 @@ def test_parity(name, corpus, tmp_path):
     notes, ours = run_cli(ours_path, corpus, tmp_path)
     with_ids = [e.ids for e in hf.encode_batch(corpus, add_special_tokens=True)]
     without_ids = [e.ids for e in hf.encode_batch(corpus, add_special_tokens=False)]
+    # transformers' split_special_tokens=True sets this on the tokenizer.
+    hf.encode_special_tokens = True
+    split_ids = [e.ids for e in hf.encode_batch(corpus, add_special_tokens=True)]
+    split_without_ids = [e.ids for e in hf.encode_batch(corpus, add_special_tokens=False)]
+    hf.encode_special_tokens = False
     decoded = hf.decode_batch(with_ids, skip_special_tokens=True)
     decoded_without = hf.decode_batch(without_ids, skip_special_tokens=True)
     special, bos = special_ids(spec)
@@ -511,6 +518,8 @@ def test_parity(name, corpus, tmp_path):
     for i, text in enumerate(corpus):
         o = ours[i]
         for key, want, ids in (("with", with_ids[i], None), ("without", without_ids[i], None),
+                               ("split", split_ids[i], None),
+                               ("split_without", split_without_ids[i], None),
                                ("decoded", decoded[i], with_ids[i]),
                                ("decoded_without", decoded_without[i], without_ids[i])):
             # Decoding is compared where hf_tokenizer.h guarantees equality:
@@ -521,8 +530,10 @@ def test_parity(name, corpus, tmp_path):
             checked += 1
             if o[key] != want:
                 failures.append(f"{key} {text!r}: ours {o[key]!r} HF {want!r}")
+    split_differs = sum(split_without_ids[i] != without_ids[i] for i in range(len(corpus)))
     print(f"\n{name} (tokenizers {tokenizers.__version__}): {len(corpus)} strings: {checked} checks (encode with/without special "
-          f"tokens, decode of each), {checked - len(failures)} matched; {outside} decodes "
+          f"tokens, the same with split_special_tokens ({split_differs} strings split "
+          f"differently), decode of each), {checked - len(failures)} matched; {outside} decodes "
           f"outside the documented guarantee skipped; load notes: {notes}")
     assert not failures, f"{len(failures)} mismatches, first: " + "\n".join(failures[:20])
 
@@ -750,3 +761,27 @@ def test_normalizer_every_code_point(form, tmp_path):
     print(f"\n{form}: {sum(map(len, lines))} characters in {len(lines)} lines, "
           f"{len(failures)} mismatches")
     assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.parametrize("name", ["tinyllama", "gpt2", "stories260K"])
+def test_split_special_tokens_as_transformers(name, corpus, tmp_path):
+    """transformers' own tokenizer(text, add_special_tokens=..., split_special_tokens=True)
+    on the three real files, for every string of the corpus that holds the
+    text of a special token (test_parity compares the whole corpus with
+    `tokenizers`' encode_special_tokens, which that call sets)."""
+    transformers = pytest.importorskip(
+        "transformers", reason="transformers is not importable: install tests/requirements.txt")
+    shared, spec = VARIANTS[name]
+    path = tmp_path / "hf-tokenizer.json"
+    path.write_text(json.dumps(spec, ensure_ascii=False), "utf-8")
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(path))
+    specials = [t["content"] for t in spec["added_tokens"] if t["special"]]
+    texts = [t for t in corpus if any(s in t for s in specials)]
+    texts += ["x" + s + "y" + s for s in specials] + ["<|im_start|>user\nHi</s>"]
+    _, ours = run_cli(MODELS / shared / "tokenizer.json", texts, tmp_path)
+    for text, o in zip(texts, ours):
+        for add, key in ((True, "split"), (False, "split_without")):
+            want = tok(text, add_special_tokens=add, split_special_tokens=True)["input_ids"]
+            assert o[key] == want, (key, text)
+    assert sum(o["split_without"] != o["without"] for o in ours) >= len(specials)
+    print(f"{name}: {len(texts)} strings with special-token text split as transformers splits them")

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <random>
@@ -120,6 +121,22 @@ TEST(Llama2cTokenizerTest, EncodesLikeRunC) {
   EXPECT_EQ(tok->Encode("Once upon a time", false), (std::vector<int32_t>{403, 407, 261, 378}));
   EXPECT_EQ(tok->Encode("", true), (std::vector<int32_t>{1}));
   EXPECT_TRUE(tok->Encode("", false).empty());
+}
+
+// run.c's encode matches no special token in the text: it looks characters
+// up and merges pieces, and no merge of tok512 gives <unk>, <s> or </s>
+// (their pieces are "<unk>", "\n<s>\n" and "\n</s>\n", none the join of two
+// others). split_special_tokens has nothing to split.
+TEST(Llama2cTokenizerTest, SplittingSpecialTokensChangesNothing) {
+  auto tok = LoadTok512();
+  ASSERT_NE(tok, nullptr);
+  for (const char* text : {"<s>Once</s>", "\n<s>\n", "\n</s>\n<unk>", "Once upon a time"}) {
+    const std::vector<int32_t> ids = tok->Encode(text, true);
+    EXPECT_EQ(tok->EncodeSplit(text, true), ids) << text;
+    EXPECT_EQ(std::count_if(ids.begin() + 1, ids.end(), [](int32_t id) { return id <= 2; }), 0)
+        << text;
+    EXPECT_EQ(tok->FindSpecialToken(text), std::nullopt) << text;
+  }
 }
 
 TEST(Llama2cTokenizerTest, LooksUpWholeCharactersThenFallsBackToBytes) {
