@@ -48,24 +48,25 @@ std::unique_ptr<T[], FreeDeleter> Zeroed(int64_t count) {
 // (AttentionOver), reading each KV block once for all of them.
 constexpr int64_t kAttentionTile = 8;
 
-// The attention kernels (kernels.h) for the cache's element type T; `scales`
-// is read for int8 only.
+// The attention kernels (kernels.h) for the cache's element type T, for
+// `num` queries that read the same rows, given by pointers; `scales` (one
+// per row) is read for int8 only.
 template <typename T>
-void DotCached(const float* q, const T* keys, const float* scales, int64_t stride, int count, int n,
-               float* scores) {
+void DotCached(const float* const* q, int num, const T* const* keys, const float* scales, int count,
+               int n, float* const* scores) {
   if constexpr (std::is_same_v<T, int8_t>) {
-    cpu::DotRows(q, keys, scales, stride, count, n, scores);
+    cpu::DotRowsGathered(q, num, keys, scales, count, n, scores);
   } else {
-    cpu::DotRows(q, keys, stride, count, n, scores);
+    cpu::DotRowsGathered(q, num, keys, count, n, scores);
   }
 }
 template <typename T>
-void AccumulateCached(const float* weights, const T* rows, const float* scales, int64_t stride,
-                      int count, int n, float* out) {
+void AccumulateCached(const float* const* weights, int num, const T* const* rows,
+                      const float* scales, int count, int n, float* const* out) {
   if constexpr (std::is_same_v<T, int8_t>) {
-    cpu::AccumulateRows(weights, rows, scales, stride, count, n, out);
+    cpu::AccumulateRowsGathered(weights, num, rows, scales, count, n, out);
   } else {
-    cpu::AccumulateRows(weights, rows, stride, count, n, out);
+    cpu::AccumulateRowsGathered(weights, num, rows, count, n, out);
   }
 }
 
@@ -449,7 +450,8 @@ class CpuBackend final : public Backend {
   // Attention weights per worker: [threads, tile x kv_mul, positions] for
   // the largest step so far (AttentionOver), and its tiles' first tokens.
   std::vector<float> scores_;
-  std::vector<float> max_scores_;  // [threads, tile x kv_mul]
+  std::vector<const float*> inputs_;  // [threads, tile x kv_mul] a kernel call's rows
+  std::vector<float*> outputs_;       // [threads, tile x kv_mul]
   std::vector<int> tiles_;
   const PackedWeights packed_;  // the quantized matrices, as panels
 };
@@ -540,8 +542,10 @@ void CpuBackend::Attention(const StepBatch& batch, int layer) {
 // kernels read them. One task per tile of consecutive tokens of one sequence
 // (a prompt chunk; a decode is a tile of one) and KV head: it reads each
 // cache block once for all the tile's tokens and the query heads that share
-// the KV head (GQA), instead of once per token and head, which is what makes
-// a long prompt's chunks cheap at long contexts. Each (token, head) is
+// the KV head (GQA), instead of once per token and head: the kernels
+// (kernels.h, DotRowsGathered) read each cached row once for two of them and
+// keep their sums in registers across all of a sequence's positions, which
+// is what makes a long prompt's chunks cheaper at long contexts. Each (token, head) is
 // computed by the same calls in the same order whatever tile it is in, and
 // each task writes only its own rows, so the result does not depend on the
 // batch, the chunking, or which thread runs it.
@@ -570,8 +574,9 @@ void CpuBackend::AttentionOver(const StepBatch& batch, int layer) {
   const size_t rows_per_worker = static_cast<size_t>(tile) * kv_mul;
   const size_t scores_needed = static_cast<size_t>(pool_.size()) * rows_per_worker * span;
   if (scores_.size() < scores_needed) scores_.resize(scores_needed);
-  max_scores_.resize(
-      std::max(max_scores_.size(), static_cast<size_t>(pool_.size()) * rows_per_worker));
+  const size_t per_worker = static_cast<size_t>(pool_.size()) * rows_per_worker;
+  inputs_.resize(std::max(inputs_.size(), per_worker));
+  outputs_.resize(std::max(outputs_.size(), per_worker));
 
   auto task = [&](int task, int worker) {
     const int i = task / c_.n_kv_heads, kv_head = task % c_.n_kv_heads;
@@ -580,10 +585,6 @@ void CpuBackend::AttentionOver(const StepBatch& batch, int layer) {
     const std::span<const int32_t> table = batch.seqs[seq_[first]].block_table;
     // This head's rows and scales within a block (see cache_, scales_).
     const int64_t rows_at = int64_t{kv_head} * bs * hs, scales_at = int64_t{kv_head} * bs;
-    auto scales = [&](int32_t block, int kind) -> const float* {
-      if constexpr (std::is_same_v<T, int8_t>) return Scales(block, layer, kind) + scales_at;
-      return nullptr;
-    };
     // Row r = j * kv_mul + g: token first + j, query head kv_head * kv_mul + g.
     const int rows = count * kv_mul;
     float* att = scores_.data() + static_cast<size_t>(worker) * rows_per_worker * span;
@@ -592,39 +593,67 @@ void CpuBackend::AttentionOver(const StepBatch& batch, int layer) {
       return q_.data() + static_cast<size_t>(first + r / kv_mul) * dim +
              (kv_head * kv_mul + r % kv_mul) * hs;
     };
-    float* max_score = max_scores_.data() + static_cast<size_t>(worker) * rows_per_worker;
-    std::fill(max_score, max_score + rows, -INFINITY);
+    auto row_out = [&](int r) { return att_.data() + (row_q(r) - q_.data()); };  // [head_size]
+    // Every position's K and V row of this head (and its int8 scales), in
+    // position order, wherever its block is.
+    thread_local std::vector<const T*> keys, values;
+    thread_local std::vector<float> key_scales, value_scales;
+    keys.resize(last_pos + 1);
+    values.resize(last_pos + 1);
     for (int b = 0; b * bs <= last_pos; ++b) {
-      const T* keys = Cache<T>(table[b], layer, 0) + rows_at;  // [block_size, head_size]
-      const float* key_scales = scales(table[b], 0);
-      for (int r = 0; r < rows; ++r) {
-        const int pos = pos_[first + r / kv_mul];
-        if (b * bs > pos) continue;
-        const int n = std::min(bs, pos + 1 - b * bs);
-        float* scores = row_scores(r) + b * bs;
-        DotCached(row_q(r), keys, key_scales, hs, n, hs, scores);
-        max_score[r] = simd::ScaleInPlaceAndMax(scores, n, inv_sqrt, max_score[r]);
+      const T* k = Cache<T>(table[b], layer, 0) + rows_at;  // [block_size, head_size]
+      const T* v = Cache<T>(table[b], layer, 1) + rows_at;
+      for (int o = 0; o < bs && b * bs + o <= last_pos; ++o) {
+        keys[b * bs + o] = k + o * hs;
+        values[b * bs + o] = v + o * hs;
       }
     }
+    const float* ks = nullptr;
+    const float* vs = nullptr;
+    if constexpr (std::is_same_v<T, int8_t>) {
+      key_scales.resize(last_pos + 1);
+      value_scales.resize(last_pos + 1);
+      for (int p = 0; p <= last_pos; ++p) {
+        key_scales[p] = Scales(table[p / bs], layer, 0)[scales_at + p % bs];
+        value_scales[p] = Scales(table[p / bs], layer, 1)[scales_at + p % bs];
+      }
+      ks = key_scales.data();
+      vs = value_scales.data();
+    }
+    // Token j's rows (and every later token's) read positions pos_j-1 + 1 to
+    // pos_j (from 0 for the first): causality, in one kernel call per token.
+    const float** inputs = inputs_.data() + static_cast<size_t>(worker) * rows_per_worker;
+    float** outputs = outputs_.data() + static_cast<size_t>(worker) * rows_per_worker;
+    auto for_spans = [&](auto&& run) {
+      for (int j = 0; j < count; ++j) {
+        const int from = j == 0 ? 0 : pos_[first + j - 1] + 1, to = pos_[first + j] + 1;
+        run(j * kv_mul, from, to - from);
+      }
+    };
+    for_spans([&](int r0, int from, int n) {
+      for (int r = r0; r < rows; ++r) {
+        inputs[r - r0] = row_q(r);
+        outputs[r - r0] = row_scores(r) + from;
+      }
+      DotCached(inputs, rows - r0, keys.data() + from, ks == nullptr ? nullptr : ks + from, n, hs,
+                outputs);
+    });
     for (int r = 0; r < rows; ++r) {
       const int pos = pos_[first + r / kv_mul];
       float* scores = row_scores(r);
-      const float inv_sum = 1.0f / simd::ExpShiftedInPlace(scores, pos + 1, max_score[r], 1.0f);
+      const float max = simd::ScaleInPlaceAndMax(scores, pos + 1, inv_sqrt, -INFINITY);
+      const float inv_sum = 1.0f / simd::ExpShiftedInPlace(scores, pos + 1, max, 1.0f);
       simd::ScaleInPlace(scores, pos + 1, inv_sum);
-      float* out = att_.data() + (row_q(r) - q_.data());  // [head_size]
-      std::fill(out, out + hs, 0.0f);
+      std::fill(row_out(r), row_out(r) + hs, 0.0f);
     }
-    for (int b = 0; b * bs <= last_pos; ++b) {
-      const T* values = Cache<T>(table[b], layer, 1) + rows_at;  // [block_size, head_size]
-      const float* value_scales = scales(table[b], 1);
-      for (int r = 0; r < rows; ++r) {
-        const int pos = pos_[first + r / kv_mul];
-        if (b * bs > pos) continue;
-        const int n = std::min(bs, pos + 1 - b * bs);
-        float* out = att_.data() + (row_q(r) - q_.data());
-        AccumulateCached(row_scores(r) + b * bs, values, value_scales, hs, n, hs, out);
+    for_spans([&](int r0, int from, int n) {
+      for (int r = r0; r < rows; ++r) {
+        inputs[r - r0] = row_scores(r) + from;
+        outputs[r - r0] = row_out(r);
       }
-    }
+      AccumulateCached(inputs, rows - r0, values.data() + from, vs == nullptr ? nullptr : vs + from,
+                       n, hs, outputs);
+    });
   };
   // About 4 flops per cached position and head dimension; below ~64K a
   // thread handoff costs more than it saves.

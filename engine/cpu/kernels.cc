@@ -612,6 +612,146 @@ void AccumulateRowsOf(const float* weights, const float* scales, const typename 
   }
 }
 
+// Gathered attention kernels: cached rows given by pointers (positions of a
+// sequence whose blocks lie anywhere in the pool), for Q = 1 or 2 queries at
+// once, each row read once for both. Every score and every output column is
+// computed by the same chain as DotRowsOf's and AccumulateRowsOf's, so the
+// bits are theirs.
+
+// scores[r][0..3] for 4 key rows.
+template <int Q, typename L>
+__attribute__((always_inline)) inline void DotGroup(const float* const* q,
+                                                    const typename L::T* const* k, int n,
+                                                    float* const* scores, int at) {
+  __m256 acc[Q][4];
+  for (int r = 0; r < Q; ++r) {
+    for (int kk = 0; kk < 4; ++kk) acc[r][kk] = _mm256_setzero_ps();
+  }
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 qv[Q];
+    for (int r = 0; r < Q; ++r) qv[r] = _mm256_loadu_ps(q[r] + i);
+    for (int kk = 0; kk < 4; ++kk) {
+      const __m256 key = L::Load(k[kk] + i);
+      for (int r = 0; r < Q; ++r) acc[r][kk] = _mm256_fmadd_ps(qv[r], key, acc[r][kk]);
+    }
+  }
+  if (i < n) {
+    const __m256i mask = TailMask(n - i);
+    __m256 qv[Q];
+    for (int r = 0; r < Q; ++r) qv[r] = _mm256_maskload_ps(q[r] + i, mask);
+    for (int kk = 0; kk < 4; ++kk) {
+      const __m256 key = L::LoadFirst(k[kk] + i, n - i);
+      for (int r = 0; r < Q; ++r) acc[r][kk] = _mm256_fmadd_ps(qv[r], key, acc[r][kk]);
+    }
+  }
+  for (int r = 0; r < Q; ++r) {
+    for (int kk = 0; kk < 4; ++kk) scores[r][at + kk] = HorizontalSum(acc[r][kk]);
+  }
+}
+
+template <typename L>
+void DotRowsGatheredOf(const float* const* q, int num, const typename L::T* const* keys,
+                       const float* scales, int count, int n, float* const* scores) {
+  int o = 0;
+  for (; o + 4 <= count; o += 4) {
+    if (o + 4 + 4 <= count) {
+      for (int kk = 0; kk < 4; ++kk) PrefetchRows(keys[o + 4 + kk], 0, 1, n * sizeof(keys[0][0]));
+    }
+    int r = 0;
+    for (; r + 2 <= num; r += 2) DotGroup<2, L>(q + r, keys + o, n, scores + r, o);
+    if (r < num) DotGroup<1, L>(q + r, keys + o, n, scores + r, o);
+  }
+  for (; o < count; ++o) {
+    for (int r = 0; r < num; ++r) scores[r][o] = DotRow<L>(q[r], keys[o], n);
+  }
+  if (scales != nullptr) {
+    for (int r = 0; r < num; ++r) {
+      for (o = 0; o < count; ++o) scores[r][o] *= scales[o];
+    }
+  }
+}
+
+// out[r][c0..] for Q weight rows over NV vectors of columns from c0 (the
+// last `tail` lanes wide when kTail). No branch inside the row loop, so the
+// Q x NV chains stay in registers.
+template <int Q, int NV, bool kTail, typename L>
+void AccumulateGroup(const float* const* weights, const float* scales,
+                     const typename L::T* const* rows, int c0, int count, int tail,
+                     float* const* out) {
+  const __m256i last = kTail ? TailMask(tail) : FirstLanes(8);
+  __m256 acc[Q][NV];
+  for (int r = 0; r < Q; ++r) {
+    for (int v = 0; v < NV; ++v) {
+      acc[r][v] = v + 1 < NV ? _mm256_loadu_ps(out[r] + c0 + 8 * v)
+                             : _mm256_maskload_ps(out[r] + c0 + 8 * v, last);
+    }
+  }
+  auto step = [&](const typename L::T* row, const __m256* a) {
+    for (int v = 0; v < NV; ++v) {
+      const __m256 x =
+          kTail && v + 1 == NV ? L::LoadFirst(row + 8 * v, tail) : L::Load(row + 8 * v);
+      for (int r = 0; r < Q; ++r) acc[r][v] = _mm256_fmadd_ps(a[r], x, acc[r][v]);
+    }
+  };
+  for (int o = 0; o < count; ++o) {
+    if (o + kRowsAhead < count)
+      PrefetchRows(rows[o + kRowsAhead] + c0, 0, 1, 8 * NV * sizeof(rows[0][0]));
+    __m256 a[Q];
+    for (int r = 0; r < Q; ++r) {
+      a[r] = _mm256_set1_ps(scales != nullptr ? weights[r][o] * scales[o] : weights[r][o]);
+    }
+    step(rows[o] + c0, a);
+  }
+  for (int r = 0; r < Q; ++r) {
+    for (int v = 0; v + 1 < NV; ++v) _mm256_storeu_ps(out[r] + c0 + 8 * v, acc[r][v]);
+    _mm256_maskstore_ps(out[r] + c0 + 8 * (NV - 1), last, acc[r][NV - 1]);
+  }
+}
+
+template <typename L>
+void AccumulateRowsGatheredOf(const float* const* weights, int num, const float* scales,
+                              const typename L::T* const* rows, int count, int n,
+                              float* const* out) {
+  using GroupFn = void (*)(const float* const*, const float*, const typename L::T* const*, int, int,
+                           int, float* const*);
+  // [queries - 1][tail][vectors - 1]: 32 columns at a time for a pair, 64
+  // for one query.
+  static constexpr GroupFn kGroup[2][2][8] = {
+      {{AccumulateGroup<1, 1, false, L>, AccumulateGroup<1, 2, false, L>,
+        AccumulateGroup<1, 3, false, L>, AccumulateGroup<1, 4, false, L>,
+        AccumulateGroup<1, 5, false, L>, AccumulateGroup<1, 6, false, L>,
+        AccumulateGroup<1, 7, false, L>, AccumulateGroup<1, 8, false, L>},
+       {AccumulateGroup<1, 1, true, L>, AccumulateGroup<1, 2, true, L>,
+        AccumulateGroup<1, 3, true, L>, AccumulateGroup<1, 4, true, L>,
+        AccumulateGroup<1, 5, true, L>, AccumulateGroup<1, 6, true, L>,
+        AccumulateGroup<1, 7, true, L>, AccumulateGroup<1, 8, true, L>}},
+      {{AccumulateGroup<2, 1, false, L>, AccumulateGroup<2, 2, false, L>,
+        AccumulateGroup<2, 3, false, L>, AccumulateGroup<2, 4, false, L>, nullptr, nullptr, nullptr,
+        nullptr},
+       {AccumulateGroup<2, 1, true, L>, AccumulateGroup<2, 2, true, L>,
+        AccumulateGroup<2, 3, true, L>, AccumulateGroup<2, 4, true, L>, nullptr, nullptr, nullptr,
+        nullptr}}};
+  // Runs of kRun rows, each run for every query before the next: a run
+  // (16 KiB of float rows of 64) stays in L1 while the queries read it. Each
+  // column's chain goes on from run to run in row order, through `out`.
+  constexpr int kRun = 64;
+  for (int o0 = 0; o0 < count; o0 += kRun) {
+    const int run = std::min(kRun, count - o0);
+    for (int r = 0; r < num;) {
+      const int q = std::min(2, num - r);
+      const int step = q == 2 ? 32 : 64;
+      const float* w[2] = {weights[r] + o0, q == 2 ? weights[r + 1] + o0 : nullptr};
+      for (int c0 = 0; c0 < n; c0 += step) {
+        const int width = std::min(step, n - c0);
+        kGroup[q - 1][width % 8 != 0][(width + 7) / 8 - 1](
+            w, scales == nullptr ? nullptr : scales + o0, rows + o0, c0, run, width % 8, out + r);
+      }
+      r += q;
+    }
+  }
+}
+
 }  // namespace
 
 void DotRows(const float* q, const float* keys, int64_t stride, int count, int n, float* scores) {
@@ -643,6 +783,40 @@ void AccumulateRows(const float* weights, const Fp16* rows, int64_t stride, int 
 void AccumulateRows(const float* weights, const int8_t* rows, const float* scales, int64_t stride,
                     int count, int n, float* out) {
   AccumulateRowsOf<LoadInt8>(weights, scales, rows, stride, count, n, out);
+}
+
+void DotRowsGathered(const float* const* q, int num, const float* const* keys, int count, int n,
+                     float* const* scores) {
+  DotRowsGatheredOf<LoadF32>(q, num, keys, nullptr, count, n, scores);
+}
+void DotRowsGathered(const float* const* q, int num, const Bf16* const* keys, int count, int n,
+                     float* const* scores) {
+  DotRowsGatheredOf<LoadBf16>(q, num, keys, nullptr, count, n, scores);
+}
+void DotRowsGathered(const float* const* q, int num, const Fp16* const* keys, int count, int n,
+                     float* const* scores) {
+  DotRowsGatheredOf<LoadFp16>(q, num, keys, nullptr, count, n, scores);
+}
+void DotRowsGathered(const float* const* q, int num, const int8_t* const* keys, const float* scales,
+                     int count, int n, float* const* scores) {
+  DotRowsGatheredOf<LoadInt8>(q, num, keys, scales, count, n, scores);
+}
+
+void AccumulateRowsGathered(const float* const* weights, int num, const float* const* rows,
+                            int count, int n, float* const* out) {
+  AccumulateRowsGatheredOf<LoadF32>(weights, num, nullptr, rows, count, n, out);
+}
+void AccumulateRowsGathered(const float* const* weights, int num, const Bf16* const* rows,
+                            int count, int n, float* const* out) {
+  AccumulateRowsGatheredOf<LoadBf16>(weights, num, nullptr, rows, count, n, out);
+}
+void AccumulateRowsGathered(const float* const* weights, int num, const Fp16* const* rows,
+                            int count, int n, float* const* out) {
+  AccumulateRowsGatheredOf<LoadFp16>(weights, num, nullptr, rows, count, n, out);
+}
+void AccumulateRowsGathered(const float* const* weights, int num, const int8_t* const* rows,
+                            const float* scales, int count, int n, float* const* out) {
+  AccumulateRowsGatheredOf<LoadInt8>(weights, num, scales, rows, count, n, out);
 }
 
 void RmsNorm(const float* x, const float* weight, int n, float eps, float* out) {

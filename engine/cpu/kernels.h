@@ -91,6 +91,30 @@ void AccumulateRows(const float* weights, const Fp16* rows, int64_t stride, int 
 void AccumulateRows(const float* weights, const int8_t* rows, const float* scales, int64_t stride,
                     int count, int n, float* out);
 
+// DotRows and AccumulateRows for `num` queries at once over rows given by
+// pointers (a sequence's positions, wherever its KV blocks are; attention's
+// query heads and prompt tokens that share a KV head): the same bits as
+// DotRows and AccumulateRows called for each query on those rows (scores[r]
+// for q[r]; out[r] from weights[r]), with each row read once for every pair
+// of queries and each query's sums kept in registers across all the rows.
+// int8: scales[o] is row o's scale.
+void DotRowsGathered(const float* const* q, int num, const float* const* keys, int count, int n,
+                     float* const* scores);
+void DotRowsGathered(const float* const* q, int num, const Bf16* const* keys, int count, int n,
+                     float* const* scores);
+void DotRowsGathered(const float* const* q, int num, const Fp16* const* keys, int count, int n,
+                     float* const* scores);
+void DotRowsGathered(const float* const* q, int num, const int8_t* const* keys, const float* scales,
+                     int count, int n, float* const* scores);
+void AccumulateRowsGathered(const float* const* weights, int num, const float* const* rows,
+                            int count, int n, float* const* out);
+void AccumulateRowsGathered(const float* const* weights, int num, const Bf16* const* rows,
+                            int count, int n, float* const* out);
+void AccumulateRowsGathered(const float* const* weights, int num, const Fp16* const* rows,
+                            int count, int n, float* const* out);
+void AccumulateRowsGathered(const float* const* weights, int num, const int8_t* const* rows,
+                            const float* scales, int count, int n, float* const* out);
+
 // out[i] = weight[i] * (x[i] / sqrt(mean(x^2) + eps)), as run.c's rmsnorm.
 //   x, weight, out: [n]
 void RmsNorm(const float* x, const float* weight, int n, float eps, float* out);

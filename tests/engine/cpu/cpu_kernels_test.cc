@@ -415,5 +415,86 @@ TEST(AttentionKernelsTest, TypedAccumulateRowsIsOneFmaChainPerColumn) {
   }
 }
 
+// The gathered kernels (several queries over rows given by pointers, each
+// row read once for two of them) are the one-query kernels called once per
+// query on the same rows, bit for bit, for every cache type, odd head sizes
+// and row counts, and odd numbers of queries.
+TEST(AttentionKernelsTest, GatheredKernelsEqualTheOneQueryKernelsForEachQuery) {
+  for (int n : {1, 7, 8, 13, 48, 64, 65, 100}) {
+    for (int count : {1, 3, 4, 5, 16, 17, 40}) {
+      for (int num : {1, 2, 3, 5}) {
+        const int stride = n + 5;
+        const TypedRows r = MakeRows(count, stride, n, 11);
+        const std::vector<float> f32 = RandomValues(static_cast<size_t>(count) * stride, 11);
+        std::vector<std::vector<float>> q, w, start;
+        std::vector<const float*> qp, wp;
+        for (int i = 0; i < num; ++i) {
+          q.push_back(RandomValues(n, 20 + i));
+          w.push_back(RandomValues(count, 40 + i));
+          start.push_back(RandomValues(n, 60 + i));
+        }
+        for (int i = 0; i < num; ++i) {
+          qp.push_back(q[i].data());
+          wp.push_back(w[i].data());
+        }
+        const std::string what = "n " + std::to_string(n) + " count " + std::to_string(count) +
+                                 " queries " + std::to_string(num);
+        auto check = [&](const auto& rows, const float* scales, const std::string& type) {
+          using T = typename std::decay_t<decltype(rows)>::value_type;
+          // The same rows copied to places in reverse order, by pointer.
+          std::vector<T> moved(rows.size());
+          std::vector<const T*> at(count);
+          for (int o = 0; o < count; ++o) {
+            const size_t to = static_cast<size_t>(count - 1 - o) * stride;
+            std::copy_n(rows.begin() + static_cast<size_t>(o) * stride, stride, moved.begin() + to);
+            at[o] = moved.data() + to;
+          }
+          std::vector<std::vector<float>> want(num, std::vector<float>(count)), got = want;
+          std::vector<float*> gp;
+          for (int i = 0; i < num; ++i) {
+            if (scales != nullptr) {
+              if constexpr (std::is_same_v<T, int8_t>) {
+                DotRows(q[i].data(), rows.data(), scales, stride, count, n, want[i].data());
+              }
+            } else if constexpr (!std::is_same_v<T, int8_t>) {
+              DotRows(q[i].data(), rows.data(), stride, count, n, want[i].data());
+            }
+            gp.push_back(got[i].data());
+          }
+          if constexpr (std::is_same_v<T, int8_t>) {
+            DotRowsGathered(qp.data(), num, at.data(), scales, count, n, gp.data());
+          } else {
+            DotRowsGathered(qp.data(), num, at.data(), count, n, gp.data());
+          }
+          for (int i = 0; i < num; ++i) ExpectSameBits(want[i], got[i], type + " dot " + what);
+          want = start;
+          got = start;
+          gp.clear();
+          for (int i = 0; i < num; ++i) {
+            if constexpr (std::is_same_v<T, int8_t>) {
+              AccumulateRows(w[i].data(), rows.data(), scales, stride, count, n, want[i].data());
+            } else {
+              AccumulateRows(w[i].data(), rows.data(), stride, count, n, want[i].data());
+            }
+            gp.push_back(got[i].data());
+          }
+          if constexpr (std::is_same_v<T, int8_t>) {
+            AccumulateRowsGathered(wp.data(), num, at.data(), scales, count, n, gp.data());
+          } else {
+            AccumulateRowsGathered(wp.data(), num, at.data(), count, n, gp.data());
+          }
+          for (int i = 0; i < num; ++i) {
+            ExpectSameBits(want[i], got[i], type + " accumulate " + what);
+          }
+        };
+        check(f32, nullptr, "f32");
+        check(r.bf16, nullptr, "bf16");
+        check(r.fp16, nullptr, "fp16");
+        check(r.int8, r.scales.data(), "int8");
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace coalesce::engine::cpu
