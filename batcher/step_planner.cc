@@ -86,10 +86,17 @@ StepPlan PlanStep(std::span<const RunningSequence> running, int free_blocks, int
     if (s.max_chunk > 0) chunk = std::min(chunk, s.max_chunk);
     if (chunk <= 0) continue;
     if (timed) {
-      const int fits = time.model->ready() ? time.model->MaxChunk(shape, s.cached_tokens, s.scored,
-                                                                  chunk, time.target)
-                                           : std::min(chunk, time.cold_chunk);
-      chunk = plan.prefill_tokens == 0 ? std::max(fits, std::min(chunk, time.min_chunk)) : fits;
+      const StepCostModel& model = *time.model;
+      int fits = model.ready()
+                     ? model.MaxChunk(shape, s.cached_tokens, s.scored, chunk, time.target)
+                     : std::min(chunk, time.cold_chunk);
+      if (plan.prefill_tokens == 0 && model.ready()) {
+        // The progress every step owes the prompts.
+        const int floor = model.MaxChunk(shape, s.cached_tokens, s.scored, chunk,
+                                         model.Predict(shape) + time.target / 4);
+        fits = std::max({fits, floor, 1});
+      }
+      chunk = fits;
       if (chunk <= 0) continue;  // the step is full for this one
       shape += ChunkShape(s.cached_tokens, chunk, true, s.scored);
     }

@@ -26,9 +26,11 @@
 //      not held up by more than that, however long the prompt and its
 //      context. A step without decodes is not limited by time. Before the
 //      model has seen enough steps, chunks beside decodes are at most
-//      `cold_chunk` tokens; and when even one prompt token would not fit,
-//      the first chunk of the step still gets `min_chunk`, so that prompts
-//      progress however many sequences decode.
+//      `cold_chunk` tokens. And the first chunk of a step gets at least the
+//      tokens that fit in a quarter of the target beyond the decodes'
+//      predicted time (one at least), so that prompts progress however many
+//      sequences decode: then the step may take up to a quarter more than
+//      the target, or the decodes' time and a quarter of it.
 #pragma once
 
 #include <cstdint>
@@ -62,7 +64,6 @@ struct StepTimeTarget {
   const StepCostModel* model = nullptr;
   absl::Duration target = absl::ZeroDuration();  // zero: no target
   int cold_chunk = 64;
-  int min_chunk = 32;
 };
 
 struct StepChunk {

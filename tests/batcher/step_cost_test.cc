@@ -170,12 +170,26 @@ TEST(StepTimeTargetTest, BeforeTheModelIsReadyChunksBesideDecodesAreSmall) {
 
 TEST(StepTimeTargetTest, APromptProgressesWhenTheDecodesAloneFillTheTarget) {
   const StepCostModel model = Trained();
-  const StepTimeTarget time{.model = &model, .target = absl::Microseconds(100), .min_chunk = 32};
-  const std::vector<RunningSequence> running = {
-      {1000, 1, false, 70}, {0, 4096, true, 256}, {0, 4096, true, 256}};
-  const StepPlan plan = PlanStep(running, 100, 16, 2048, time);
-  // The first prompt gets its min_chunk; the second nothing this step.
-  EXPECT_THAT(plan.chunks, ElementsAre(StepChunk{0, 1, false}, StepChunk{1, 32, false}));
+  // 32 decodes at context 3000 take about 2.5 ms: more than the target.
+  std::vector<RunningSequence> running(32, {3000, 1, false, 200});
+  running.push_back({0, 4096, true, 256});
+  running.push_back({0, 4096, true, 256});
+  StepShape decodes;
+  for (int d = 0; d < 32; ++d) decodes += ChunkShape(3000, 1, false, false);
+  for (const absl::Duration target : {absl::Milliseconds(2), absl::Milliseconds(4)}) {
+    const StepTimeTarget time{.model = &model, .target = target};
+    ASSERT_GT(model.Predict(decodes), target / 2);
+    const StepPlan plan = PlanStep(running, 100, 16, 2048, time);
+    // The first prompt gets what fits in a quarter of the target beyond the
+    // decodes (one token at least); the second nothing this step.
+    const int floor =
+        std::max(1, model.MaxChunk(decodes, 0, false, 4096, model.Predict(decodes) + target / 4));
+    ASSERT_EQ(plan.chunks.size(), 33u);
+    EXPECT_EQ(
+        plan.chunks.back(),
+        (StepChunk{32, std::max(floor, model.MaxChunk(decodes, 0, false, 4096, target)), false}));
+    EXPECT_GT(plan.chunks.back().num_tokens, 1);
+  }
 }
 
 }  // namespace
