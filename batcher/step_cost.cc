@@ -10,6 +10,7 @@ StepShape& StepShape::operator+=(const StepShape& other) {
   decode_positions += other.decode_positions;
   prefill_positions += other.prefill_positions;
   logit_rows += other.logit_rows;
+  scored_rows += other.scored_rows;
   return *this;
 }
 
@@ -25,6 +26,7 @@ StepCostModel::Features StepCostModel::FeaturesOf(const StepShape& shape) {
 }
 
 void StepCostModel::Observe(const StepShape& shape, absl::Duration duration) {
+  if (shape.scored_rows > 0) ++scored_steps_;
   std::deque<Sample>& window = shape.prefill_positions > 0 ? prefill_ : decode_;
   window.push_back({FeaturesOf(shape), absl::ToDoubleSeconds(duration)});
   if (window.size() > static_cast<size_t>(kWindow)) window.pop_front();
@@ -114,7 +116,8 @@ int StepCostModel::MaxChunk(const StepShape& so_far, int cached, bool scored, in
     StepShape shape = so_far;
     shape += {.rows = tokens,
               .prefill_positions = ChunkPositions(cached, tokens),
-              .logit_rows = scored ? tokens : 1};
+              .logit_rows = scored ? tokens : 1,
+              .scored_rows = scored ? tokens : 0};
     return Predict(shape) <= target;
   };
   // The predicted duration grows with the chunk: the largest that fits.

@@ -38,6 +38,7 @@ struct StepShape {
   int64_t decode_positions = 0;   // positions the decodes attend to
   int64_t prefill_positions = 0;  // positions the prompt tokens attend to
   int logit_rows = 0;             // rows of logits computed
+  int scored_rows = 0;            // of those, of prompt tokens (prompt_logprobs): not a feature
   StepShape& operator+=(const StepShape& other);
 };
 
@@ -52,6 +53,10 @@ class StepCostModel {
 
   void Observe(const StepShape& shape, absl::Duration duration);
   bool ready() const;
+  // Whether it has seen steps with scored prompt tokens (each a row of
+  // logits), so that it knows what a row of logits costs; until then
+  // callers keep scored chunks small.
+  bool knows_scored() const { return scored_steps_ >= kMinPrefillSteps; }
   // The predicted duration of a step of `shape` (zero before any fit).
   absl::Duration Predict(const StepShape& shape) const;
 
@@ -74,6 +79,7 @@ class StepCostModel {
   };
   std::deque<Sample> prefill_;  // steps that ran prompt tokens
   std::deque<Sample> decode_;   // the others
+  int scored_steps_ = 0;        // ever
   Features coefficients_{};     // seconds per unit of each feature
 };
 

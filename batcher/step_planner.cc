@@ -12,7 +12,8 @@ bool NeedsNewBlock(const RunningSequence& s, int block_size) {
 }  // namespace
 
 StepShape ChunkShape(int cached, int tokens, bool prefilling, bool scored) {
-  StepShape shape{.rows = tokens, .logit_rows = scored ? tokens : 1};
+  StepShape shape{
+      .rows = tokens, .logit_rows = scored ? tokens : 1, .scored_rows = scored ? tokens : 0};
   if (prefilling) {
     shape.prefill_positions = ChunkPositions(cached, tokens);
   } else {
@@ -87,10 +88,10 @@ StepPlan PlanStep(std::span<const RunningSequence> running, int free_blocks, int
     if (chunk <= 0) continue;
     if (timed) {
       const StepCostModel& model = *time.model;
-      int fits = model.ready()
-                     ? model.MaxChunk(shape, s.cached_tokens, s.scored, chunk, time.target)
-                     : std::min(chunk, time.cold_chunk);
-      if (plan.prefill_tokens == 0 && model.ready()) {
+      const bool known = model.ready() && (!s.scored || model.knows_scored());
+      int fits = known ? model.MaxChunk(shape, s.cached_tokens, s.scored, chunk, time.target)
+                       : std::min(chunk, time.cold_chunk);
+      if (plan.prefill_tokens == 0 && known) {
         // The progress every step owes the prompts.
         const int floor = model.MaxChunk(shape, s.cached_tokens, s.scored, chunk,
                                          model.Predict(shape) + time.target / 4);

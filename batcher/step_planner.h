@@ -25,7 +25,8 @@
 //      (step_cost.h) stays within the target: the decoders' next token is
 //      not held up by more than that, however long the prompt and its
 //      context. A step without decodes is not limited by time. Before the
-//      model has seen enough steps, chunks beside decodes are at most
+//      model has seen enough steps (for a prompt_logprobs chunk, enough
+//      steps with such chunks), chunks beside decodes are at most
 //      `cold_chunk` tokens. And the first chunk of a step gets at least the
 //      tokens that fit in a quarter of the target beyond the decodes'
 //      predicted time (one at least), so that prompts progress however many

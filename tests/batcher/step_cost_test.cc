@@ -168,6 +168,33 @@ TEST(StepTimeTargetTest, BeforeTheModelIsReadyChunksBesideDecodesAreSmall) {
   EXPECT_EQ(PlanStep(running, 100, 16, 2048, time).chunks[1].num_tokens, 64);
 }
 
+TEST(StepTimeTargetTest, ScoredChunksStaySmallUntilTheModelHasTimedSome) {
+  // A row of logits per scored token: no step so far had more than one per
+  // sequence, so the model cannot know their cost yet.
+  StepCostModel model = Trained();
+  EXPECT_FALSE(model.knows_scored());
+  const StepTimeTarget time{.model = &model, .target = absl::Milliseconds(60), .cold_chunk = 64};
+  const std::vector<RunningSequence> running = {
+      {.cached_tokens = 1000, .pending_tokens = 1, .blocks_held = 70},
+      {.cached_tokens = 0,
+       .pending_tokens = 2000,
+       .prefilling = true,
+       .blocks_held = 125,
+       .max_chunk = 256,
+       .scored = true}};
+  EXPECT_EQ(PlanStep(running, 100, 16, 2048, time).chunks[1].num_tokens, 64);
+  for (int i = 0; i < StepCostModel::kMinPrefillSteps; ++i) {
+    StepShape s = ChunkShape(1000, 1, false, false);
+    s += ChunkShape(i * 64, 64, true, true);
+    model.Observe(s, Machine(s));
+  }
+  EXPECT_TRUE(model.knows_scored());
+  const int chunk = PlanStep(running, 100, 16, 2048, time).chunks[1].num_tokens;
+  EXPECT_EQ(chunk, std::max(1, model.MaxChunk(ChunkShape(1000, 1, false, false), 0, true, 256,
+                                              time.target)));
+  EXPECT_NE(chunk, 64);
+}
+
 TEST(StepTimeTargetTest, APromptProgressesWhenTheDecodesAloneFillTheTarget) {
   const StepCostModel model = Trained();
   // 32 decodes at context 3000 take about 2.5 ms: more than the target.
