@@ -9,7 +9,9 @@
 //   3. the Scheduler expires waiting requests (deadline, max_queue_wait) and
 //      picks which join the batch; they get the KV blocks of their prompt;
 //   4. the step planner preempts sequences when decodes need blocks that are
-//      not free, and splits prompts to fit max_batch_tokens (decodes first);
+//      not free, and splits prompts to fit max_batch_tokens (decodes first)
+//      and, beside decodes, max_step_time (by the step cost model, fed with
+//      every step's time: step_cost.h);
 //   5. one Backend::Step runs every planned chunk; then each sequence whose
 //      tokens are all cached samples its next token, streams it, and leaves
 //      if it finished.

@@ -229,9 +229,8 @@ void GeneratorService::PrepareAndSubmit(GenerateReactor* reactor,
     absl::StatusOr<batcher::GenerationRequest> prepared =
         caller.ok() ? Prepare(context, request, *caller, arrival, &rejection) : caller.status();
     if (prepared.ok() && options_.tenants != nullptr) {
-      // The tenant's limits, then its priority cap.
-      // The most tokens the call can use, reserved from the tenant's budget
-      // until it ends.
+      // The tenant's limits (the most tokens the call can use are reserved
+      // from its budget until it ends), then its priority cap.
       const int64_t most = static_cast<int64_t>(prepared->prompt.size()) +
                            int64_t{prepared->max_new_tokens} * prepared->n;
       absl::Duration retry_after;
