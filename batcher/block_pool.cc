@@ -57,12 +57,8 @@ size_t BlockPool::HashOfHash::operator()(const BlockHash& h) const {
   return v;
 }
 
-BlockPool::BlockPool(int num_blocks, bool caching)
-    : caching_(caching),
-      refs_(num_blocks, 0),
-      hash_of_(num_blocks),
-      prev_(num_blocks, -1),
-      next_(num_blocks, -1) {
+BlockPool::BlockPool(int num_blocks)
+    : refs_(num_blocks, 0), hash_of_(num_blocks), prev_(num_blocks, -1), next_(num_blocks, -1) {
   free_.reserve(num_blocks);
   // Highest id at the bottom of the stack, so block 0 is handed out first.
   for (int32_t id = num_blocks - 1; id >= 0; --id) free_.push_back(id);
@@ -70,13 +66,11 @@ BlockPool::BlockPool(int num_blocks, bool caching)
 
 int BlockPool::Match(std::span<const BlockHash> hashes, int* in_use) const {
   int n = 0, held = 0;
-  if (caching_) {
-    for (const BlockHash& h : hashes) {
-      auto it = by_hash_.find(h);
-      if (it == by_hash_.end()) break;
-      if (refs_[it->second] > 0) ++held;
-      ++n;
-    }
+  for (const BlockHash& h : hashes) {
+    auto it = by_hash_.find(h);
+    if (it == by_hash_.end()) break;
+    if (refs_[it->second] > 0) ++held;
+    ++n;
   }
   if (in_use != nullptr) *in_use = held;
   return n;
@@ -117,7 +111,7 @@ std::optional<std::vector<int32_t>> BlockPool::Allocate(int n) {
 
 bool BlockPool::Register(int32_t id, const BlockHash& hash) {
   assert(refs_[id] > 0);
-  if (!caching_ || hash_of_[id].has_value()) return false;
+  if (hash_of_[id].has_value()) return false;
   if (!by_hash_.emplace(hash, id).second) return false;
   hash_of_[id] = hash;
   return true;

@@ -9,7 +9,9 @@
 //            later sequence whose prompt starts the same way can take it
 //            instead of recomputing it.
 // Free and cached blocks are both available: Allocate takes free blocks
-// first, then evicts cached ones, least recently used first.
+// first, then evicts cached ones, least recently used first. Whether blocks
+// are registered at all (prefix caching on or off) is the KV cache manager's
+// choice (kv_cache_manager.h), which uses this pool.
 //
 // Prefix caching. A full block's K and V are a pure function of the tokens
 // in it and before it. A block is named by a chained SHA-256 hash:
@@ -63,8 +65,7 @@ inline int BlocksForTokens(int tokens, int block_size) {
 
 class BlockPool {
  public:
-  // With `caching` false no block is ever registered: Release frees.
-  BlockPool(int num_blocks, bool caching);
+  explicit BlockPool(int num_blocks);
 
   int num_total() const { return static_cast<int>(refs_.size()); }
   // Blocks Allocate can hand out now: free plus cached.
@@ -72,7 +73,6 @@ class BlockPool {
   // Blocks registered under a hash, in use or not.
   int num_cached() const { return static_cast<int>(by_hash_.size()); }
   int64_t evictions() const { return evictions_; }
-  bool caching() const { return caching_; }
 
   // The longest run of registered blocks matching `hashes` from the start.
   // `in_use` (optional) gets how many of them are held by running sequences
@@ -87,9 +87,12 @@ class BlockPool {
   std::optional<std::vector<int32_t>> Allocate(int n);
 
   // Block `id`, held and now fully computed, holds the contents named by
-  // `hash`. Registers it unless caching is off or another block is
-  // registered under that hash already. Returns whether it registered.
+  // `hash`. Registers it unless another block is registered under that hash
+  // already (or it is under another). Returns whether it registered.
   bool Register(int32_t id, const BlockHash& hash);
+  // Block `id`, registered, no longer holds what its hash names (its holder
+  // will write into it again): it is forgotten, and freed when released.
+  void Unregister(int32_t id);
 
   // Takes one more reference to each block, all held already (sequences
   // that fork from one prompt share its blocks).
@@ -117,9 +120,7 @@ class BlockPool {
   };
   void LruPushBack(int32_t id);
   void LruRemove(int32_t id);
-  void Unregister(int32_t id);
 
-  const bool caching_;
   std::vector<int32_t> refs_;                      // [num_blocks]
   std::vector<std::optional<BlockHash>> hash_of_;  // [num_blocks]: registered under
   absl::flat_hash_map<BlockHash, int32_t, HashOfHash> by_hash_;

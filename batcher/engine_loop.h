@@ -26,7 +26,14 @@
 //
 // A request for several samples (GenerationRequest::n) is admitted with a
 // slot for each, computes its prompt once, and then runs as one sequence
-// per sample that shares the prompt's KV blocks (engine_loop.cc, Sequence).
+// per sample that shares the prompt's KV blocks (sequence.h).
+//
+// The loop's rooms: the Scheduler decides who joins (scheduler.h), the step
+// planner what each step runs (step_planner.h), the KV cache manager which
+// blocks each sequence holds (kv_cache_manager.h), the output processor what
+// each token says to its client (output_processor.h); sequence.h names the
+// states a request goes through. The loop holds them together: RunStep is
+// plan, run, apply.
 //
 // A failed step ends the requests of that step with INTERNAL and the loop
 // goes on. A step that fails with engine::kDeviceLostCode means no step can
@@ -48,17 +55,20 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "batcher/block_pool.h"
+#include "batcher/kv_cache_manager.h"
 #include "batcher/observer.h"
+#include "batcher/output_processor.h"
 #include "batcher/request.h"
 #include "batcher/scheduler.h"
+#include "batcher/sequence.h"
 #include "batcher/step_cost.h"
 #include "batcher/step_planner.h"
+#include "batcher/step_sampler.h"
+#include "batcher/step_thread.h"
 #include "common/clock.h"
 #include "engine/backend.h"
 #include "engine/logits_processor.h"
 #include "engine/sampler.h"
-#include "engine/tokenizer/text_stream.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace coalesce::batcher {
@@ -77,13 +87,8 @@ struct EngineLoopOptions {
   // Run each step on a second thread while this one streams the previous
   // step's tokens (see the top of this file).
   bool overlap_steps = false;
-  // Reuse the KV blocks of cached prompt prefixes (block_pool.h): a new
-  // request takes the longest chain of cached full blocks that matches its
-  // tokens and computes only the rest (at least its last token). A resumed
-  // (preempted) sequence may find its own blocks again.
-  bool prefix_caching = false;
-  // Names what computes the blocks (the model), in every block's hash.
-  std::string prefix_cache_namespace;
+  // Prefix caching, and the name of the model in every block's hash.
+  KvCacheOptions kv_cache;
   // Prompt tokens a request with prompt_logprobs prefills in one step at
   // most: each takes a row of logits (the vocabulary's size in floats).
   int max_scored_chunk = 256;
@@ -111,29 +116,10 @@ struct LoopSnapshot {
   int total_blocks = 0;
 };
 
-// A thread that runs one job at a time for the engine loop: Post, then Wait.
-class StepThread {
- public:
-  StepThread();
-  ~StepThread();
-  void Post(std::function<void()> job);
-  void Wait();  // until the posted job has run
-
- private:
-  void Run();
-  bool HasJobOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || job_ != nullptr; }
-
-  absl::Mutex mu_;
-  std::function<void()> job_ ABSL_GUARDED_BY(mu_);
-  bool done_ ABSL_GUARDED_BY(mu_) = true;  // the last posted job has run
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
-};
-
 class EngineLoop {
  public:
   // `backend`, `tokenizer`, `clock` and `observer` must outlive the loop.
-  // `observer` may be null.
+  // `observer` may be null (nobody is told anything).
   EngineLoop(engine::Backend* backend, const engine::Tokenizer* tokenizer,
              EngineLoopOptions options, const Clock* clock, LoopObserver* observer);
   ~EngineLoop();  // Stop()s
@@ -172,56 +158,68 @@ class EngineLoop {
   LoopSnapshot Snapshot() const;
 
  private:
-  struct Group;
-  struct Sequence;
-
   bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Idle() const;
   void Run();
   void ApplyCancels(std::vector<std::pair<uint64_t, absl::Status>> cancels);
   void Iterate(absl::Time now);
   void ExpireRunning(absl::Time now);
+
+  // ---- Admission (steps 2-3) -----------------------------------------------
   Decision ScheduleAndAdmit(absl::Time now);
-  void RunStep(StepStats& stats, int& preempted);
-  // A request with several samples has computed the part they share: it
-  // becomes sample 0 and the others join running_ after it (see Sequence).
-  void Fork(Sequence& parent);
+  // The waiting sequences as the scheduler sees them, in waiting_'s order.
+  std::vector<WaitingRequest> WaitingRequests(absl::Time now);
+  // The running sequences as the scheduler sees them, in admission order.
+  std::vector<RunningEntry> RunningEntries() const;
+  // Blocks the running decodes take in the coming step.
+  int ImminentBlocks() const;
+  // Carries out the decision's expiries, preemptions and admissions.
+  void Expire(const Decision& decision);
+  void PreemptForAdmission(const Decision& decision);
+  int Admit(const Decision& decision, absl::Time now);
   // Sends a running sequence back to the queue, leaving `slot` empty (the
   // caller closes the hole in running_): for KV blocks, or to make room for
   // an admission (scheduler.h).
   void Preempt(std::unique_ptr<Sequence>& slot, bool for_admission = false);
-  // The running sequences as the scheduler sees them, in admission order.
-  std::vector<RunningEntry> RunningEntries() const;
-  // KV blocks that preempting `seq` makes available (those nobody else
-  // holds).
-  int BlocksReleased(const Sequence& seq) const;
+  // A request with several samples has computed the part they share: it
+  // becomes sample 0 and the others join running_ after it (sequence.h).
+  void Fork(Sequence& parent);
   // The index of `tenant` in tenant_weights_, whose weight becomes `weight`.
   int TenantIndex(const std::string& tenant, double weight);
-  // Takes the sequence's cached prefix and new blocks for the rest of its
-  // tokens; false (nothing taken) when they are not available.
-  bool TakeBlocks(Sequence& seq);
-  // Registers the blocks the sequence has now fully computed.
-  void RegisterFullBlocks(Sequence& seq);
-  // Lets go of the sequence's blocks.
-  void ReleaseBlocks(Sequence& seq);
-  // Streams the sequence's new token; `logits` (empty unless the step ran
-  // on the host) are those it was sampled from.
+
+  // ---- One step (steps 4-5): plan, run, apply ------------------------------
+  void RunStep(StepStats& stats, int& preempted);
+  // Plans the step, preempts whom it must and fills the step buffers
+  // (step_tokens_, step_seqs_, step_owner_, step_shape_).
+  StepPlan Plan(StepStats& stats, int& preempted);
+  // Running tenants over their share, or nullopt with one tenant.
+  std::optional<TenantShares> CurrentShares() const;
+  // Tells the sampler how each chunk of the step is sampled.
+  void PrepareSampling();
+  // Runs the planned step (on the step thread with overlap_steps).
+  absl::Status RunBatch(StepStats& stats);
+  // Ends the failed step's requests (and, after a device loss, every other).
+  void FailStep(const absl::Status& status);
+  // Takes the step's results: prompt scores, cached positions, forks and
+  // new tokens.
+  void Apply(StepStats& stats);
+  // Takes the sequence's new token; `logits` (empty unless the step ran on
+  // the host) are those it was sampled from.
   void Emit(Sequence& seq, int32_t token, absl::Time now, std::span<const float> logits);
-  // Runs the step with Step and samples each sequence's token here, as the
-  // backend would (log-probabilities and logits controls need the logits):
-  // fills step_logits_, step_row_ and step_next_.
-  absl::Status StepOnTheHost(const engine::StepBatch& batch);
   // The tokens min_tokens bans: stop_token_ids, and the tokenizer's
   // end-of-sequence tokens unless ignore_eos.
   std::vector<int32_t> EndTokens(const GenerationRequest& request) const;
-  // Scores the prompt tokens that `rows` (the logits after each token of the
-  // sequence's chunk) predict, into its prompt_logprobs.
-  void ScorePrompt(Sequence& seq, std::span<const float> rows);
+
+  // ---- Output and endings ----------------------------------------------------
   // Queues an update for the sequence's stream; FlushDeliveries hands the
   // queue to the streams, in order.
   void Deliver(Sequence& seq, StreamUpdate update);
   void FlushDeliveries();
+  // Lets go of the sequence's blocks and sends its final update (one for
+  // each sample while unforked).
   void Finish(Sequence& seq, StreamUpdate update);
+  // Tells the observer the request ended (with its last sample).
+  void ReportFinished(const Sequence& seq, const StreamUpdate& final_update);
   void FinishWithError(Sequence& seq, absl::Status status);
   // Ends every waiting and running sequence with finish_reason cancelled.
   void EndAllCancelled();
@@ -237,11 +235,13 @@ class EngineLoop {
   const EngineLoopOptions options_;
   const Scheduler scheduler_;
   const Clock* const clock_;
-  LoopObserver* const observer_;
+  LoopObserver no_observer_;      // observer_ when the caller gave none
+  LoopObserver* const observer_;  // never null
   const int block_size_;
-  const int total_blocks_;
   const int64_t kv_bytes_per_token_;
   const engine::BackendCapabilities capabilities_;
+  const RequestLimits limits_;  // what Submit accepts
+  const OutputProcessor output_;
 
   // ---- Shared with Submit/Cancel callers --------------------------------
   mutable absl::Mutex mu_;
@@ -257,8 +257,7 @@ class EngineLoop {
   std::thread thread_;
 
   // ---- Owned by the loop thread ------------------------------------------
-  BlockPool blocks_;
-  const BlockHash prefix_root_;                     // of requests without a cache_salt or partition
+  KvCacheManager kv_;
   std::vector<std::unique_ptr<Sequence>> waiting_;  // any order: the scheduler orders
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order
   // kStaticPadded: finished sequences of the running batch, whose rows each
@@ -280,22 +279,12 @@ class EngineLoop {
   // What steps cost, learned from those run (with max_step_time).
   StepCostModel step_cost_;
   // Step buffers, reused.
-  std::vector<RunningSequence> plan_input_;        // [num_running]
-  std::vector<int32_t> step_tokens_;               // [total_tokens]
-  std::vector<engine::SequenceStep> step_seqs_;    // [num_chunks]
-  std::vector<Sequence*> step_owner_;              // [num_chunks]
-  std::vector<engine::SampleSpec> step_sampling_;  // [num_chunks]
-  // How a chunk's sampled row is changed first (StepOnTheHost): nothing, or
-  // its sequence's logits controls and the tokens it may not sample yet.
-  struct ProcessSpec {
-    const engine::LogitsProcessor* processor = nullptr;
-    std::span<const int32_t> banned;
-  };
-  std::vector<ProcessSpec> step_process_;  // [num_chunks]
-  std::vector<float> step_scratch_;        // [vocab] a processed row
-  std::vector<int32_t> step_next_;         // [num_chunks] sampled tokens
-  std::vector<float> step_logits_;         // [rows, vocab] when the step ran on the host
-  std::vector<size_t> step_row_;           // [num_chunks] each chunk's first row of step_logits_
+  std::vector<RunningSequence> plan_input_;      // [num_running]
+  std::vector<int32_t> step_tokens_;             // [total_tokens]
+  std::vector<engine::SequenceStep> step_seqs_;  // [num_chunks]
+  std::vector<Sequence*> step_owner_;            // [num_chunks]
+  StepShape step_shape_;                         // for the step cost model
+  StepSampler sampler_;                          // how the step's tokens are sampled
   // Updates not yet handed to their streams, in order.
   std::vector<std::pair<std::shared_ptr<OutputSink>, StreamUpdate>> outbox_;
   std::unique_ptr<StepThread> step_thread_;  // with overlap_steps

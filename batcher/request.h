@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "engine/backend.h"
 #include "engine/logits_processor.h"
 #include "engine/sampler.h"
 
@@ -59,6 +60,22 @@ struct GenerationRequest {
   // id is sent, its text is not.
   std::vector<int32_t> stop_token_ids;
 };
+
+// What an engine loop can run: its backend's and its own limits.
+struct RequestLimits {
+  std::string backend;  // the backend's name, for messages
+  engine::BackendCapabilities capabilities;
+  int vocab_size = 0;
+  int max_batch_size = 1;
+  int block_size = 1;
+  int total_blocks = 0;  // of the KV cache
+};
+
+// OK, or why a loop with `limits` cannot run `request`: INVALID_ARGUMENT
+// for an empty prompt, top_logprobs outside the vocabulary or n outside
+// [1, max_batch_size]; UNIMPLEMENTED for what the backend cannot do;
+// RESOURCE_EXHAUSTED for a request that could never fit the KV cache.
+absl::Status CheckRequest(const GenerationRequest& request, const RequestLimits& limits);
 
 enum class FinishReason { kLength, kStop, kEos, kCancelled };
 

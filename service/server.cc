@@ -225,9 +225,9 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
   loop_options.max_queue = options.max_queue;
   loop_options.log_steps = options.log_steps;
   loop_options.overlap_steps = options.overlap_steps.value_or(capabilities.overlap_pays);
-  loop_options.prefix_caching = options.prefix_caching;
+  loop_options.kv_cache.prefix_caching = options.prefix_caching;
   // Blocks are named by the model and how this process computes it.
-  loop_options.prefix_cache_namespace =
+  loop_options.kv_cache.prefix_cache_namespace =
       absl::StrCat(config.name, "\n", config.source, "\n", b.Describe());
   // The metrics see every loop event; a step that loses the device also
   // requests the shutdown.
@@ -341,7 +341,7 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
        s->metrics_endpoint_ ? s->metrics_endpoint_->port() : -1, b.name(),
        options.scheduler.max_batch_size, absl::FormatDuration(options.scheduler.batch_window),
        batcher::BatchingModeName(options.scheduler.mode), loop_options.overlap_steps ? "on" : "off",
-       loop_options.prefix_caching ? "on" : "off");
+       loop_options.kv_cache.prefix_caching ? "on" : "off");
   *exit_code = 0;
   return s;
 }

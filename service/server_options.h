@@ -71,7 +71,7 @@ struct ServerOptions {
   int max_connections_per_peer = 100;
   bool log_steps = false;
   // Reuse the KV blocks of cached prompt prefixes (batcher/block_pool.h).
-  bool prefix_caching = true;
+  bool prefix_caching = batcher::KvCacheOptions{}.prefix_caching;
   // Threads that parse and tokenize requests (at least 2).
   int work_threads = 2;
   // A Generate stream whose client reads nothing for this long is ended.

@@ -23,21 +23,19 @@ std::vector<BlockHash> Hashes(const std::vector<int32_t>& tokens, int block_size
 }
 
 TEST(BlockPoolTest, HandsOutEachBlockOnceAndTakesThemBack) {
-  for (bool caching : {false, true}) {
-    BlockPool blocks(5, caching);
-    auto a = blocks.Allocate(3);
-    auto b = blocks.Allocate(2);
-    ASSERT_TRUE(a && b);
-    std::set<int32_t> ids(a->begin(), a->end());
-    ids.insert(b->begin(), b->end());
-    EXPECT_EQ(ids, (std::set<int32_t>{0, 1, 2, 3, 4}));
-    EXPECT_EQ(blocks.num_available(), 0);
-    EXPECT_FALSE(blocks.Allocate(1).has_value());
-    blocks.Release(*a);
-    EXPECT_EQ(blocks.num_available(), 3);
-    EXPECT_FALSE(blocks.Allocate(4).has_value());
-    EXPECT_EQ(blocks.num_available(), 3);  // a failed Allocate takes nothing
-  }
+  BlockPool blocks(5);
+  auto a = blocks.Allocate(3);
+  auto b = blocks.Allocate(2);
+  ASSERT_TRUE(a && b);
+  std::set<int32_t> ids(a->begin(), a->end());
+  ids.insert(b->begin(), b->end());
+  EXPECT_EQ(ids, (std::set<int32_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(blocks.num_available(), 0);
+  EXPECT_FALSE(blocks.Allocate(1).has_value());
+  blocks.Release(*a);
+  EXPECT_EQ(blocks.num_available(), 3);
+  EXPECT_FALSE(blocks.Allocate(4).has_value());
+  EXPECT_EQ(blocks.num_available(), 3);  // a failed Allocate takes nothing
 }
 
 TEST(BlockPoolTest, BlocksForTokensRoundsUp) {
@@ -91,7 +89,7 @@ TEST(BlockHashTest, DependsOnEverythingBeforeTheSaltThePartitionAndTheModel) {
 }
 
 TEST(BlockPoolTest, RegisteredBlocksAreFoundSharedAndCachedAfterRelease) {
-  BlockPool pool(6, /*caching=*/true);
+  BlockPool pool(6);
   const auto h = Hashes({1, 2, 3, 4, 5, 6}, 2);  // three full blocks
   auto a = *pool.Allocate(3);
   EXPECT_EQ(pool.Match(h), 0);
@@ -126,7 +124,7 @@ TEST(BlockPoolTest, RegisteredBlocksAreFoundSharedAndCachedAfterRelease) {
 }
 
 TEST(BlockPoolTest, AllocateTakesFreeBlocksFirstThenEvictsLeastRecentlyUsed) {
-  BlockPool pool(4, /*caching=*/true);
+  BlockPool pool(4);
   const auto x = Hashes({1, 1, 2, 2}, 2);
   const auto y = Hashes({7, 7}, 2);
   auto a = *pool.Allocate(2);
@@ -156,18 +154,8 @@ TEST(BlockPoolTest, AllocateTakesFreeBlocksFirstThenEvictsLeastRecentlyUsed) {
   EXPECT_FALSE(pool.Allocate(1).has_value());
 }
 
-TEST(BlockPoolTest, WithoutCachingNothingIsRegistered) {
-  BlockPool pool(2, /*caching=*/false);
-  const auto h = Hashes({1, 2}, 2);
-  auto a = *pool.Allocate(1);
-  EXPECT_FALSE(pool.Register(a[0], h[0]));
-  EXPECT_EQ(pool.Match(h), 0);
-  pool.Release(a);
-  EXPECT_THAT(pool.CachedIds(), IsEmpty());
-}
-
 TEST(BlockPoolTest, ForgetAllDropsEveryHash) {
-  BlockPool pool(3, /*caching=*/true);
+  BlockPool pool(3);
   const auto h = Hashes({1, 2, 3, 4}, 2);
   auto a = *pool.Allocate(2);
   pool.Register(a[0], h[0]);

@@ -42,6 +42,9 @@ class PressureTest : public ::testing::TestWithParam<bool> {
     o.scheduler.batch_window = absl::ZeroDuration();
     o.scheduler.priority_aging = absl::InfiniteDuration();
     o.max_batch_tokens = max_batch_tokens;
+    // Preemption recomputes everything, and every block is free or held
+    // (prefix_cache_test.cc runs these with caching).
+    o.kv_cache.prefix_caching = false;
     return o;
   }
   GenerationRequest Request(std::vector<int32_t> prompt, int max_new_tokens, int priority = 0) {

@@ -61,8 +61,8 @@ class KvLoopTest : public ::testing::Test {
     o.scheduler.mode = setup.mode;
     o.max_batch_tokens = setup.max_batch_tokens;
     o.overlap_steps = setup.overlap;
-    o.prefix_caching = caching;
-    o.prefix_cache_namespace = "kv-model";
+    o.kv_cache.prefix_caching = caching;
+    o.kv_cache.prefix_cache_namespace = "kv-model";
     loop_.reset();
     backend_ = std::make_unique<KvBackend>(setup.num_blocks, setup.block_size);
     backend_->copies_ = setup.copies;

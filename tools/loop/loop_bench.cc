@@ -116,6 +116,8 @@ RoundResult Round(const Options& o, engine::Backend* backend, const engine::Toke
   loop_options.scheduler.max_batch_size = o.batch;
   loop_options.scheduler.batch_window = absl::ZeroDuration();
   loop_options.overlap_steps = overlap;
+  // Every round's prompts are the same: each round computes them anew.
+  loop_options.kv_cache.prefix_caching = false;
   batcher::EngineLoop loop(backend, &tokenizer, loop_options, RealClock(), nullptr);
   std::vector<std::shared_ptr<CostlySink>> sinks;
   const absl::Time start = absl::Now();
