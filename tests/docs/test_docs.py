@@ -1,8 +1,9 @@
 """The documentation against the repository and the binaries.
 
-* Every link in README.md, docs/ and deploy/README.md points at a file of
-  the repository, and a link with an anchor at a heading of that file; no
-  link leaves the repository.
+* Every link in README.md, docs/, docs/notes/ and deploy/README.md points at
+  a file of the repository (relative to the linking file's folder), and a
+  link with an anchor at a heading of that file; no link leaves the
+  repository.
 * docs/configuration.md's flag tables are what `coalesce-server --help` and
   `coalesce-cli --help` print: the same flags, the same defaults.
 
@@ -23,9 +24,9 @@ CONFIGURATION = os.path.join(REPO, "docs", "configuration.md")
 
 
 def documents():
-    docs = os.path.join(REPO, "docs")
     found = [os.path.join(REPO, "README.md"), os.path.join(REPO, "deploy", "README.md")]
-    found += sorted(os.path.join(docs, f) for f in os.listdir(docs) if f.endswith(".md"))
+    for folder in (os.path.join(REPO, "docs"), os.path.join(REPO, "docs", "notes")):
+        found += sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".md"))
     return found
 
 
