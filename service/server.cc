@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <thread>
 
@@ -12,9 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/clock.h"
 #include "common/log.h"
-#include "engine/cpu/huge_page_memory.h"
-#include "engine/cpu/memory_bandwidth.h"
-#include "engine/cpu/quant_int8.h"
+#include "engine/factory/backend_factory.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "service/backend_factory.h"
@@ -66,14 +63,14 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
 
   // 1. The model: a quantized file's blocks kept, and --quantize, for the
   // CPU engine only.
-  const bool on_cpu = KeepQuantizedWeights(options);
+  const bool on_cpu = engine::KeepQuantizedWeights(BackendSpecOf(options));
   if (options.quantize.has_value() && !on_cpu) {
     Log(LogLevel::kError,
         absl::StrCat("--quantize=", absl::AsciiStrToLower(engine::QuantTypeName(*options.quantize)),
                      ": quantized weights are for the CPU engine (--device=cpu, or auto without a "
                      "usable GPU); the ",
-                     options.device == Device::kNull ? "null backend does no arithmetic"
-                                                     : "GPU engine takes float weights"));
+                     options.device == engine::Device::kNull ? "null backend does no arithmetic"
+                                                             : "GPU engine takes float weights"));
     *exit_code = 2;
     return nullptr;
   }
@@ -149,24 +146,7 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
   const engine::KvCacheConfig& kv = b.kv_cache();
   const int64_t context_blocks = (config.max_seq_len + kv.block_size - 1) / kv.block_size;
   LogF(LogLevel::kInfo, "backend: %s", b.Describe());
-  if (b.name() == "cpu") {
-    // The laid-out weights ask for huge pages (engine/cpu/huge_page_memory.h);
-    // whether the kernel granted them shows here.
-    if (const std::optional<engine::cpu::HugePageUse> use = engine::cpu::ReadHugePageUse();
-        use.has_value() && use->resident_bytes > 0) {
-      LogF(LogLevel::kInfo, "weights: %.1f of %.1f MB laid out at load on huge pages%s",
-           use->huge_bytes / 1e6, use->resident_bytes / 1e6,
-           use->huge_bytes < use->resident_bytes / 2
-               ? " (/sys/kernel/mm/transparent_hugepage/enabled: `madvise` or `always` "
-                 "lets the kernel grant them; decoding reads faster from them)"
-               : "");
-    }
-  }
-  if (options.int8_activations && b.name() == "cpu" && !engine::cpu::Int8DotSupported()) {
-    Log(LogLevel::kWarning,
-        "--int8_activations: this processor has no AVX2; the quantized weights multiply "
-        "float32 activations, exactly");
-  }
+  engine::LogBackendNotes(b, BackendSpecOf(options));
   const engine::BackendCapabilities capabilities = b.capabilities();
   if (!capabilities.runs_model) {
     Log(LogLevel::kWarning,
@@ -192,9 +172,7 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
   info.kv_cache_dtype = engine::KvDtypeName(kv.dtype);
   info.kv_cache_capacity_tokens = kv_capacity_tokens;
   if (capabilities.weights_in_host_memory) {
-    info.memory_bandwidth = engine::MeasureMemoryReadBandwidth(
-        options.threads > 0 ? options.threads
-                            : static_cast<int>(std::thread::hardware_concurrency()));
+    info.memory_bandwidth = engine::MeasureHostMemoryBandwidth(BackendSpecOf(options));
     LogF(LogLevel::kInfo,
          "memory read bandwidth: %.1f GB/s (measured); one decode step reads at "
          "least %.1f MB of weights",
