@@ -288,124 +288,120 @@ void GeneratorService::PostUnary(grpc::ServerUnaryReactor* reactor,
   }
 }
 
+template <typename Request, typename Body>
+grpc::ServerUnaryReactor* GeneratorService::Unary(grpc::CallbackServerContext* context,
+                                                  const grpc::ByteBuffer* request,
+                                                  grpc::ByteBuffer* response, UnaryLane lane,
+                                                  Body body) {
+  auto* reactor = context->DefaultReactor();
+  absl::StatusOr<Tenants::Caller> caller = Authenticate(*context);
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
+  // gRPC keeps the request and the response until the call is finished,
+  // which only this does.
+  auto run = [reactor, request, response, caller = *std::move(caller), body = std::move(body)] {
+    Request parsed;
+    absl::Status status = ParseRequest(*request, &parsed);
+    if (status.ok()) {
+      const auto out = body(parsed, caller);
+      if (out.ok()) *response = SerializeMessage(*out);
+      status = out.status();
+    }
+    reactor->Finish(ToGrpcStatus(status));
+  };
+  if (lane == UnaryLane::kGrpcThread) {
+    run();
+  } else {
+    PostUnary(reactor, context, *request, std::move(run));
+  }
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* GeneratorService::GetModelInfo(grpc::CallbackServerContext* context,
                                                          const grpc::ByteBuffer* request,
                                                          grpc::ByteBuffer* response) {
-  auto* reactor = context->DefaultReactor();
-  if (absl::Status s = Authenticate(*context).status(); !s.ok()) {
-    reactor->Finish(ToGrpcStatus(s));
-    return reactor;
-  }
-  v1::GetModelInfoRequest parsed;
-  if (absl::Status s = ParseRequest(*request, &parsed); !s.ok()) {
-    reactor->Finish(ToGrpcStatus(s));
-    return reactor;
-  }
-  const engine::ModelConfig& config = backend_->config();
-  v1::ModelInfo info;
-  info.set_name(config.name);
-  info.set_path(config.source);
-  info.set_architecture(config.architecture);
-  info.set_vocab_size(config.vocab_size);
-  info.set_context_length(config.max_seq_len);
-  info.set_backend(std::string(backend_->name()));
-  info.set_synthetic(config.synthetic);
-  info.set_num_parameters(config.num_parameters());
-  info.set_num_layers(config.n_layers);
-  info.set_hidden_size(config.dim);
-  info.set_num_attention_heads(config.n_heads);
-  info.set_num_key_value_heads(config.n_kv_heads);
-  for (int32_t id : tokenizer_->eos_ids()) info.add_eos_token_ids(id);
-  info.set_bos_token_id(tokenizer_->bos_id());
-  info.set_max_batch_size(options_.max_batch_size);
-  info.set_has_chat_template(options_.chat_template != nullptr);
-  *response = SerializeMessage(info);
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return Unary<v1::GetModelInfoRequest>(
+      context, request, response, UnaryLane::kGrpcThread,
+      [this](const v1::GetModelInfoRequest&,
+             const Tenants::Caller&) -> absl::StatusOr<v1::ModelInfo> {
+        const engine::ModelConfig& config = backend_->config();
+        v1::ModelInfo info;
+        info.set_name(config.name);
+        info.set_path(config.source);
+        info.set_architecture(config.architecture);
+        info.set_vocab_size(config.vocab_size);
+        info.set_context_length(config.max_seq_len);
+        info.set_backend(std::string(backend_->name()));
+        info.set_synthetic(config.synthetic);
+        info.set_num_parameters(config.num_parameters());
+        info.set_num_layers(config.n_layers);
+        info.set_hidden_size(config.dim);
+        info.set_num_attention_heads(config.n_heads);
+        info.set_num_key_value_heads(config.n_kv_heads);
+        for (int32_t id : tokenizer_->eos_ids()) info.add_eos_token_ids(id);
+        info.set_bos_token_id(tokenizer_->bos_id());
+        info.set_max_batch_size(options_.max_batch_size);
+        info.set_has_chat_template(options_.chat_template != nullptr);
+        return info;
+      });
 }
 
 grpc::ServerUnaryReactor* GeneratorService::Tokenize(grpc::CallbackServerContext* context,
                                                      const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* response) {
-  auto* reactor = context->DefaultReactor();
-  absl::StatusOr<Tenants::Caller> caller = Authenticate(*context);
-  if (!caller.ok()) {
-    reactor->Finish(ToGrpcStatus(caller.status()));
-    return reactor;
-  }
-  PostUnary(reactor, context, *request, [this, reactor, request, response, caller = *caller] {
-    v1::TokenizeRequest parsed;
-    absl::Status status = ParseRequest(*request, &parsed);
-    if (status.ok()) {
-      v1::TokenizeResponse out;
-      const bool split = SplitSpecialTokens(parsed.has_split_special_tokens(),
-                                            parsed.split_special_tokens(), caller);
-      const std::vector<int32_t> ids =
-          *Encode(parsed.text(), parsed.add_special_tokens(), split, {}, SIZE_MAX);
-      out.mutable_token_ids()->Add(ids.begin(), ids.end());
-      *response = SerializeMessage(out);
-    }
-    reactor->Finish(ToGrpcStatus(status));
-  });
-  return reactor;
+  return Unary<v1::TokenizeRequest>(
+      context, request, response, UnaryLane::kWorkPool,
+      [this](const v1::TokenizeRequest& parsed,
+             const Tenants::Caller& caller) -> absl::StatusOr<v1::TokenizeResponse> {
+        const bool split = SplitSpecialTokens(parsed.has_split_special_tokens(),
+                                              parsed.split_special_tokens(), caller);
+        const std::vector<int32_t> ids =
+            *Encode(parsed.text(), parsed.add_special_tokens(), split, {}, SIZE_MAX);
+        v1::TokenizeResponse out;
+        out.mutable_token_ids()->Add(ids.begin(), ids.end());
+        return out;
+      });
 }
 
 grpc::ServerUnaryReactor* GeneratorService::Detokenize(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* response) {
-  auto* reactor = context->DefaultReactor();
-  if (absl::Status s = Authenticate(*context).status(); !s.ok()) {
-    reactor->Finish(ToGrpcStatus(s));
-    return reactor;
-  }
-  PostUnary(reactor, context, *request, [this, reactor, request, response] {
-    v1::DetokenizeRequest parsed;
-    absl::Status status = ParseRequest(*request, &parsed);
-    if (status.ok()) {
-      const auto& ids = parsed.token_ids();
-      const std::span<const int32_t> span(ids.data(), static_cast<size_t>(ids.size()));
-      status = ValidateTokenIds(span, limits_.vocab_size, "token_ids");
-      if (status.ok()) {
+  return Unary<v1::DetokenizeRequest>(
+      context, request, response, UnaryLane::kWorkPool,
+      [this](const v1::DetokenizeRequest& parsed,
+             const Tenants::Caller&) -> absl::StatusOr<v1::DetokenizeResponse> {
+        const auto& ids = parsed.token_ids();
+        const std::span<const int32_t> span(ids.data(), static_cast<size_t>(ids.size()));
+        if (absl::Status s = ValidateTokenIds(span, limits_.vocab_size, "token_ids"); !s.ok()) {
+          return s;
+        }
         v1::DetokenizeResponse out;
         out.set_text(engine::Decode(*tokenizer_, span));
-        *response = SerializeMessage(out);
-      }
-    }
-    reactor->Finish(ToGrpcStatus(status));
-  });
-  return reactor;
+        return out;
+      });
 }
 
 grpc::ServerUnaryReactor* GeneratorService::ApplyChatTemplate(grpc::CallbackServerContext* context,
                                                               const grpc::ByteBuffer* request,
                                                               grpc::ByteBuffer* response) {
-  auto* reactor = context->DefaultReactor();
-  absl::StatusOr<Tenants::Caller> caller = Authenticate(*context);
-  if (!caller.ok()) {
-    reactor->Finish(ToGrpcStatus(caller.status()));
-    return reactor;
-  }
-  PostUnary(reactor, context, *request, [this, reactor, request, response, caller = *caller] {
-    v1::ApplyChatTemplateRequest parsed;
-    absl::Status status = ParseRequest(*request, &parsed);
-    if (status.ok()) {
-      absl::StatusOr<engine::RenderedChat> text =
-          RenderChat(parsed.messages(), parsed.add_generation_prompt());
-      if (text.ok()) {
-        v1::ApplyChatTemplateResponse out;
+  return Unary<v1::ApplyChatTemplateRequest>(
+      context, request, response, UnaryLane::kWorkPool,
+      [this](const v1::ApplyChatTemplateRequest& parsed,
+             const Tenants::Caller& caller) -> absl::StatusOr<v1::ApplyChatTemplateResponse> {
+        absl::StatusOr<engine::RenderedChat> text =
+            RenderChat(parsed.messages(), parsed.add_generation_prompt());
+        if (!text.ok()) return text.status();
         const bool split = SplitSpecialTokens(parsed.has_split_special_tokens(),
                                               parsed.split_special_tokens(), caller);
         const std::vector<int32_t> ids = *Encode(text->text, /*add_special_tokens=*/false, split,
                                                  text->template_ranges, SIZE_MAX);
+        v1::ApplyChatTemplateResponse out;
         out.mutable_token_ids()->Add(ids.begin(), ids.end());
         out.set_text(std::move(text->text));
-        *response = SerializeMessage(out);
-      }
-      status = text.status();
-    }
-    reactor->Finish(ToGrpcStatus(status));
-  });
-  return reactor;
+        return out;
+      });
 }
 
 }  // namespace coalesce::service

@@ -110,14 +110,26 @@ class GeneratorService final : public RawGeneratorService {
   std::optional<std::vector<int32_t>> Encode(std::string_view text, bool add_special_tokens,
                                              bool split, std::span<const ByteRange> special_ranges,
                                              size_t max_tokens) const;
-  // Runs `job` on the work pool, or finishes the unary call with
-  // RESOURCE_EXHAUSTED when the pool is full.
   // The caller's tenant, with --api_keys_file: from the `authorization`
   // metadata, or a verified client certificate's subject. Without the file,
   // a nameless caller.
   absl::StatusOr<Tenants::Caller> Authenticate(const grpc::CallbackServerContext& context) const;
+  // Runs `job` on the work pool, or finishes the unary call with
+  // RESOURCE_EXHAUSTED when the pool is full.
   void PostUnary(grpc::ServerUnaryReactor* reactor, grpc::CallbackServerContext* context,
                  const grpc::ByteBuffer& request, std::function<void()> job);
+  // Where a unary call's body runs: on the work pool, or on gRPC's thread
+  // for one that takes no time (it is then answered even when the pool is
+  // full).
+  enum class UnaryLane { kWorkPool, kGrpcThread };
+  // Every unary method: authenticates the caller on gRPC's thread (an
+  // unknown one ends the call there), then, in `lane`, parses the request as
+  // a `Request`, runs `body(request, caller)`, which returns the response
+  // message or the call's error, and finishes the call with it.
+  template <typename Request, typename Body>
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context,
+                                  const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
+                                  UnaryLane lane, Body body);
   bool NoGenerateCalls() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_) {
     return generate_calls_ == 0;
   }

@@ -14,9 +14,8 @@
 #include "common/clock.h"
 #include "common/flags.h"
 #include "common/log.h"
-#include "engine/cpu/cpu_backend.h"
+#include "engine/factory/backend_factory.h"
 #include "engine/model/quantize.h"
-#include "service/backend_factory.h"
 #include "service/library_logs.h"
 #include "service/server.h"
 #include "service/server_options.h"
@@ -82,7 +81,7 @@ ABSL_FLAG(absl::Duration, priority_aging, Defaults().scheduler.priority_aging,
           "requests are not starved. 0 turns aging off.");
 ABSL_FLAG(int, threads, Defaults().threads,
           "Engine compute threads (CPU backend). 0: one per core.");
-ABSL_FLAG(std::string, device, coalesce::service::DeviceName(Defaults().device),
+ABSL_FLAG(std::string, device, coalesce::engine::DeviceName(Defaults().device),
           "Where the model runs: cuda (a start-up error without a usable CUDA device), "
           "cpu, or auto (the GPU when one is usable, else the CPU, logging why). null: "
           "no arithmetic, for measuring the server's own cost (gRPC, streaming, "
@@ -238,7 +237,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError("--max_queue_wait must be positive");
   }
   o.threads = absl::GetFlag(FLAGS_threads);
-  absl::StatusOr<service::Device> device = service::ParseDevice(absl::GetFlag(FLAGS_device));
+  absl::StatusOr<engine::Device> device = engine::ParseDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return device.status();
   o.device = *device;
   absl::StatusOr<std::optional<engine::Precision>> precision =
@@ -267,7 +266,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError("--kv_block_size must be in [1, 1024]");
   }
   o.kv_cache_memory = absl::GetFlag(FLAGS_kv_cache_memory);
-  if (absl::Status s = service::ParseKvCacheMemory(o.kv_cache_memory).status(); !s.ok()) return s;
+  if (absl::Status s = engine::ParseKvCacheMemory(o.kv_cache_memory).status(); !s.ok()) return s;
   o.grace_period = absl::GetFlag(FLAGS_grace_period);
   o.stream_stall_timeout = absl::GetFlag(FLAGS_stream_stall_timeout);
   if (o.stream_stall_timeout <= absl::ZeroDuration()) {

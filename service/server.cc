@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <thread>
 
@@ -12,9 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/clock.h"
 #include "common/log.h"
-#include "engine/cpu/huge_page_memory.h"
-#include "engine/cpu/memory_bandwidth.h"
-#include "engine/cpu/quant_int8.h"
+#include "engine/factory/backend_factory.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "service/backend_factory.h"
@@ -61,37 +58,47 @@ void ConfigureConnections(const ServerOptions& options, grpc::ServerBuilder& bui
 }  // namespace
 
 std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_code) {
-  *exit_code = 1;
   std::unique_ptr<Server> s(new Server(options));
+  // The first step to fail ends the start-up; what was built before it goes
+  // with `s`, in reverse order.
+  for (int (Server::*build)() :
+       {&Server::BuildModel, &Server::BuildChatTemplate, &Server::BuildBackend,
+        &Server::BuildMetrics, &Server::BuildEngineLoop, &Server::BuildServices,
+        &Server::BuildGrpcServer, &Server::BuildHealthPort}) {
+    *exit_code = (s.get()->*build)();
+    if (*exit_code != 0) return nullptr;
+  }
+  s->LogServing();
+  return s;
+}
 
-  // 1. The model: a quantized file's blocks kept, and --quantize, for the
-  // CPU engine only.
-  const bool on_cpu = KeepQuantizedWeights(options);
-  if (options.quantize.has_value() && !on_cpu) {
+// A quantized file's blocks are kept, and --quantize applies, for the CPU
+// engine only: --quantize for another is a bad flag (exit code 2).
+int Server::BuildModel() {
+  const bool on_cpu = engine::KeepQuantizedWeights(BackendSpecOf(options_));
+  if (options_.quantize.has_value() && !on_cpu) {
     Log(LogLevel::kError,
-        absl::StrCat("--quantize=", absl::AsciiStrToLower(engine::QuantTypeName(*options.quantize)),
-                     ": quantized weights are for the CPU engine (--device=cpu, or auto without a "
-                     "usable GPU); the ",
-                     options.device == Device::kNull ? "null backend does no arithmetic"
+        absl::StrCat(
+            "--quantize=", absl::AsciiStrToLower(engine::QuantTypeName(*options_.quantize)),
+            ": quantized weights are for the CPU engine (--device=cpu, or auto without a "
+            "usable GPU); the ",
+            options_.device == engine::Device::kNull ? "null backend does no arithmetic"
                                                      : "GPU engine takes float weights"));
-    *exit_code = 2;
-    return nullptr;
+    return 2;
   }
   const absl::Time load_start = absl::Now();
   absl::StatusOr<engine::LoadedModel> loaded =
-      engine::LoadModel({.model = options.model,
-                         .tokenizer = options.tokenizer,
-                         .chat_template = options.chat_template,
+      engine::LoadModel({.model = options_.model,
+                         .tokenizer = options_.tokenizer,
+                         .chat_template = options_.chat_template,
                          .keep_quantized = on_cpu,
-                         .quantize = options.quantize});
+                         .quantize = options_.quantize});
   if (!loaded.ok()) {
     Log(LogLevel::kError, absl::StrCat("cannot load the model: ", loaded.status().message()));
-    return nullptr;
+    return 1;
   }
-  s->model_ = *std::move(loaded);
-  // A copy: the model itself is let go of once the backend holds what it
-  // computes with (below).
-  const engine::ModelConfig config = s->model_.model->config;
+  model_ = *std::move(loaded);
+  const engine::ModelConfig& config = model_.model->config;
   LogF(LogLevel::kInfo,
        "model %s from %s: %d layers, dim %d, %d heads (%d kv), vocab %d, context %d, "
        "%.1fM parameters, loaded in %.2f s",
@@ -103,72 +110,61 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
         "this is a SYNTHETIC model with random weights: its output is not language. "
         "Pass --model=FILE to serve a real model.");
   }
-  // The chat template: one given with --chat_template must parse; the
-  // model's own one that does not is reported, and the model served without.
+  return 0;
+}
+
+// One given with --chat_template must parse; the model's own one that does
+// not is reported, and the model served without.
+int Server::BuildChatTemplate() {
   const std::string template_origin =
-      options.chat_template.empty() ? "the model's chat template" : options.chat_template;
-  if (s->model_.chat_template.empty()) {
-    s->chat_unavailable_ =
+      options_.chat_template.empty() ? "the model's chat template" : options_.chat_template;
+  if (model_.chat_template.empty()) {
+    chat_unavailable_ =
         "this model has no chat template (none in its tokenizer_config.json or GGUF metadata): "
         "send prompt text, or start the server with --chat_template=FILE";
     Log(LogLevel::kInfo, "no chat template: Generate takes prompt text or token ids only");
   } else if (absl::StatusOr<engine::ChatTemplate> parsed =
-                 engine::ChatTemplate::Parse(s->model_.chat_template);
+                 engine::ChatTemplate::Parse(model_.chat_template);
              parsed.ok()) {
-    s->chat_template_ = *std::move(parsed);
+    chat_template_ = *std::move(parsed);
     LogF(LogLevel::kInfo, "chat template: %s (%d bytes)", template_origin,
-         static_cast<int>(s->model_.chat_template.size()));
-  } else if (!options.chat_template.empty()) {
-    Log(LogLevel::kError, absl::StrCat("cannot use the chat template ", options.chat_template, ": ",
-                                       parsed.status().message()));
-    return nullptr;
+         static_cast<int>(model_.chat_template.size()));
+  } else if (!options_.chat_template.empty()) {
+    Log(LogLevel::kError, absl::StrCat("cannot use the chat template ", options_.chat_template,
+                                       ": ", parsed.status().message()));
+    return 1;
   } else {
-    s->chat_unavailable_ =
+    chat_unavailable_ =
         absl::StrCat("this model's chat template cannot be used (", parsed.status().message(),
                      "): send prompt text, or start the server with --chat_template=FILE");
     Log(LogLevel::kWarning,
         absl::StrCat("the model's chat template cannot be used: ", parsed.status().message(),
                      "; Generate takes prompt text or token ids only"));
   }
+  return 0;
+}
 
-  // 2. The backend (--device, --dtype) and its KV cache.
+// The backend (--device, --dtype) and its KV cache. A configuration the
+// backend refuses (INVALID_ARGUMENT) is a bad flag: exit code 2.
+int Server::BuildBackend() {
   absl::StatusOr<std::unique_ptr<engine::Backend>> backend =
-      CreateBackend(options, s->model_.model, s->model_.tokenizer->eos_ids());
+      CreateBackend(options_, model_.model, model_.tokenizer->eos_ids());
   if (!backend.ok()) {
     Log(LogLevel::kError, std::string(backend.status().message()));
-    if (backend.status().code() == absl::StatusCode::kInvalidArgument) *exit_code = 2;
-    return nullptr;
+    return backend.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
-  s->backend_ = *std::move(backend);
+  backend_ = *std::move(backend);
   // The backend holds what it computes with. The CPU backend with every
   // matrix laid out again keeps only the model's norms and biases, so
   // letting go of the model here frees its rows: the weights are in memory
   // once (engine/cpu/cpu_backend.h).
-  s->model_.model.reset();
-  engine::Backend& b = *s->backend_;
+  model_.model.reset();
+  const engine::Backend& b = *backend_;
   const engine::KvCacheConfig& kv = b.kv_cache();
-  const int64_t context_blocks = (config.max_seq_len + kv.block_size - 1) / kv.block_size;
+  const int64_t context_blocks = (b.config().max_seq_len + kv.block_size - 1) / kv.block_size;
   LogF(LogLevel::kInfo, "backend: %s", b.Describe());
-  if (b.name() == "cpu") {
-    // The laid-out weights ask for huge pages (engine/cpu/huge_page_memory.h);
-    // whether the kernel granted them shows here.
-    if (const std::optional<engine::cpu::HugePageUse> use = engine::cpu::ReadHugePageUse();
-        use.has_value() && use->resident_bytes > 0) {
-      LogF(LogLevel::kInfo, "weights: %.1f of %.1f MB laid out at load on huge pages%s",
-           use->huge_bytes / 1e6, use->resident_bytes / 1e6,
-           use->huge_bytes < use->resident_bytes / 2
-               ? " (/sys/kernel/mm/transparent_hugepage/enabled: `madvise` or `always` "
-                 "lets the kernel grant them; decoding reads faster from them)"
-               : "");
-    }
-  }
-  if (options.int8_activations && b.name() == "cpu" && !engine::cpu::Int8DotSupported()) {
-    Log(LogLevel::kWarning,
-        "--int8_activations: this processor has no AVX2; the quantized weights multiply "
-        "float32 activations, exactly");
-  }
-  const engine::BackendCapabilities capabilities = b.capabilities();
-  if (!capabilities.runs_model) {
+  engine::LogBackendNotes(b, BackendSpecOf(options_));
+  if (!b.capabilities().runs_model) {
     Log(LogLevel::kWarning,
         "--device=null: the NULL backend does no arithmetic, for measuring the server's own "
         "cost; its output is meaningless. Pass --device=cpu or cuda to run the model.");
@@ -180,8 +176,15 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
        kv.num_blocks, kv.block_size, engine::KvDtypeName(kv.dtype),
        static_cast<double>(kv_capacity_tokens) * b.kv_bytes_per_token() / 1048576.0,
        kv_capacity_tokens, static_cast<double>(kv.num_blocks) / context_blocks);
+  return 0;
+}
 
-  // 3. Metrics, the engine loop and the service.
+// The metrics, with what the server runs, and --metrics_port's endpoint.
+int Server::BuildMetrics() {
+  const engine::Backend& b = *backend_;
+  const engine::ModelConfig& config = b.config();
+  const engine::KvCacheConfig& kv = b.kv_cache();
+  const engine::BackendCapabilities capabilities = b.capabilities();
   metrics::ServerInfo info;
   info.version = COALESCE_VERSION;
   info.model = config.name;
@@ -190,11 +193,9 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
   info.synthetic = config.synthetic;
   info.parameters = config.num_parameters();
   info.kv_cache_dtype = engine::KvDtypeName(kv.dtype);
-  info.kv_cache_capacity_tokens = kv_capacity_tokens;
+  info.kv_cache_capacity_tokens = int64_t{kv.num_blocks} * kv.block_size;
   if (capabilities.weights_in_host_memory) {
-    info.memory_bandwidth = engine::MeasureMemoryReadBandwidth(
-        options.threads > 0 ? options.threads
-                            : static_cast<int>(std::thread::hardware_concurrency()));
+    info.memory_bandwidth = engine::MeasureHostMemoryBandwidth(BackendSpecOf(options_));
     LogF(LogLevel::kInfo,
          "memory read bandwidth: %.1f GB/s (measured); one decode step reads at "
          "least %.1f MB of weights",
@@ -207,143 +208,168 @@ std::unique_ptr<Server> Server::Start(const ServerOptions& options, int* exit_co
          b.weight_bytes() / 1e6);
   }
   auto registry = std::make_shared<prometheus::Registry>();
-  s->metrics_ = std::make_unique<metrics::ServerMetrics>(registry, info);
-  if (options.metrics_port >= 0) {
+  metrics_ = std::make_unique<metrics::ServerMetrics>(registry, info);
+  if (options_.metrics_port >= 0) {
     std::string error;
-    s->metrics_endpoint_ = metrics::MetricsEndpoint::Start(
-        absl::StrCat(options.host, ":", options.metrics_port), registry, &error);
-    if (s->metrics_endpoint_ == nullptr) {
+    metrics_endpoint_ = metrics::MetricsEndpoint::Start(
+        absl::StrCat(options_.host, ":", options_.metrics_port), registry, &error);
+    if (metrics_endpoint_ == nullptr) {
       Log(LogLevel::kError,
-          absl::StrCat("cannot serve metrics on port ", options.metrics_port, ": ", error));
-      return nullptr;
+          absl::StrCat("cannot serve metrics on port ", options_.metrics_port, ": ", error));
+      return 1;
     }
   }
+  return 0;
+}
+
+batcher::EngineLoopOptions Server::LoopOptions() const {
+  const engine::ModelConfig& config = backend_->config();
   batcher::EngineLoopOptions loop_options;
-  loop_options.scheduler = options.scheduler;
-  loop_options.max_batch_tokens = options.max_batch_tokens;
-  loop_options.max_step_time = options.max_step_time;
-  loop_options.max_queue = options.max_queue;
-  loop_options.log_steps = options.log_steps;
-  loop_options.overlap_steps = options.overlap_steps.value_or(capabilities.overlap_pays);
-  loop_options.kv_cache.prefix_caching = options.prefix_caching;
+  loop_options.scheduler = options_.scheduler;
+  loop_options.max_batch_tokens = options_.max_batch_tokens;
+  loop_options.max_step_time = options_.max_step_time;
+  loop_options.max_queue = options_.max_queue;
+  loop_options.log_steps = options_.log_steps;
+  loop_options.overlap_steps =
+      options_.overlap_steps.value_or(backend_->capabilities().overlap_pays);
+  loop_options.kv_cache.prefix_caching = options_.prefix_caching;
   // Blocks are named by the model and how this process computes it.
   loop_options.kv_cache.prefix_cache_namespace =
-      absl::StrCat(config.name, "\n", config.source, "\n", b.Describe());
+      absl::StrCat(config.name, "\n", config.source, "\n", backend_->Describe());
+  return loop_options;
+}
+
+int Server::BuildEngineLoop() {
   // The metrics see every loop event; a step that loses the device also
   // requests the shutdown.
-  s->watcher_ = std::make_unique<DeviceLossWatcher>(s->metrics_.get(), &s->shutdown_);
-  s->loop_ = std::make_unique<batcher::EngineLoop>(&b, s->model_.tokenizer.get(), loop_options,
-                                                   RealClock(), s->watcher_.get());
-  s->loop_->Start();
+  watcher_ = std::make_unique<DeviceLossWatcher>(metrics_.get(), &shutdown_);
+  loop_ = std::make_unique<batcher::EngineLoop>(backend_.get(), model_.tokenizer.get(),
+                                                LoopOptions(), RealClock(), watcher_.get());
+  loop_->Start();
+  return 0;
+}
+
+int Server::BuildServices() {
   GeneratorServiceOptions service_options;
-  if (s->chat_template_.has_value()) {
-    service_options.chat_template = &*s->chat_template_;
-    service_options.chat_options.bos_token = s->model_.bos_token;
-    service_options.chat_options.eos_token = s->model_.eos_token;
+  if (chat_template_.has_value()) {
+    service_options.chat_template = &*chat_template_;
+    service_options.chat_options.bos_token = model_.bos_token;
+    service_options.chat_options.eos_token = model_.eos_token;
   }
-  service_options.chat_unavailable = s->chat_unavailable_;
-  service_options.max_batch_size = options.scheduler.max_batch_size;
-  service_options.work_threads = options.work_threads;
-  service_options.max_pending_work = options.max_queue;
-  service_options.stream_stall_timeout = options.stream_stall_timeout;
-  service_options.split_special_tokens = options.split_special_tokens;
-  if (!options.api_keys_file.empty()) {
+  service_options.chat_unavailable = chat_unavailable_;
+  service_options.max_batch_size = options_.scheduler.max_batch_size;
+  service_options.work_threads = options_.work_threads;
+  service_options.max_pending_work = options_.max_queue;
+  service_options.stream_stall_timeout = options_.stream_stall_timeout;
+  service_options.split_special_tokens = options_.split_special_tokens;
+  if (!options_.api_keys_file.empty()) {
     absl::StatusOr<std::unique_ptr<Tenants>> tenants =
-        Tenants::Load(options.api_keys_file, RealClock());
+        Tenants::Load(options_.api_keys_file, RealClock());
     if (!tenants.ok()) {
       Log(LogLevel::kError, std::string(tenants.status().message()));
-      return nullptr;
+      return 1;
     }
-    s->tenants_ = *std::move(tenants);
-    service_options.tenants = s->tenants_.get();
+    tenants_ = *std::move(tenants);
+    service_options.tenants = tenants_.get();
     LogF(LogLevel::kInfo, "API keys: %d tenants from %s; every Generator call needs one",
-         static_cast<int>(s->tenants_->names().size()), options.api_keys_file);
+         static_cast<int>(tenants_->names().size()), options_.api_keys_file);
   }
-  s->service_ = std::make_unique<GeneratorService>(s->loop_.get(), s->model_.tokenizer.get(), &b,
-                                                   service_options, s->metrics_.get());
+  service_ = std::make_unique<GeneratorService>(loop_.get(), model_.tokenizer.get(), backend_.get(),
+                                                service_options, metrics_.get());
   // Our own health service (service/health_service.h says why), for the
   // server ("") and the Generator.
-  s->health_ = std::make_unique<HealthService>(
+  health_ = std::make_unique<HealthService>(
       std::vector<std::string>{std::string(v1::Generator::service_full_name())});
+  return 0;
+}
 
-  // 4. The gRPC server, on a port of our own accept loop (service/listener.h).
-  absl::StatusOr<std::unique_ptr<TlsCredentials>> tls = TlsCredentials::Start(options.tls);
+// The gRPC server, on a port of our own accept loop (service/listener.h).
+// TLS files that cannot be used are a bad flag: exit code 2.
+int Server::BuildGrpcServer() {
+  absl::StatusOr<std::unique_ptr<TlsCredentials>> tls = TlsCredentials::Start(options_.tls);
   if (!tls.ok()) {
     Log(LogLevel::kError, std::string(tls.status().message()));
-    *exit_code = 2;
-    return nullptr;
+    return 2;
   }
-  s->tls_ = *std::move(tls);
+  tls_ = *std::move(tls);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  metrics::ServerMetrics* server_metrics = s->metrics_.get();
+  metrics::ServerMetrics* server_metrics = metrics_.get();
   absl::StatusOr<std::unique_ptr<Listener>> listener =
-      Listener::Bind({.host = options.host,
-                      .port = options.port,
-                      .max_connections_per_peer = options.max_connections_per_peer,
+      Listener::Bind({.host = options_.host,
+                      .port = options_.port,
+                      .max_connections_per_peer = options_.max_connections_per_peer,
                       .on_refused = [server_metrics] { server_metrics->OnConnectionRefused(); }},
-                     s->tls_->credentials(), &builder);
+                     tls_->credentials(), &builder);
   if (!listener.ok()) {
-    Log(LogLevel::kError, absl::StrCat("cannot listen on ", options.host, ":", options.port, ": ",
+    Log(LogLevel::kError, absl::StrCat("cannot listen on ", options_.host, ":", options_.port, ": ",
                                        listener.status().message()));
-    return nullptr;
+    return 1;
   }
-  s->listener_ = *std::move(listener);
-  const int grpc_port = s->listener_->port();
-  ConfigureConnections(options, builder);
-  builder.RegisterService(s->service_.get());
-  builder.RegisterService(s->health_.get());
-  s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr) {
+  listener_ = *std::move(listener);
+  ConfigureConnections(options_, builder);
+  builder.RegisterService(service_.get());
+  builder.RegisterService(health_.get());
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr) {
     Log(LogLevel::kError, "cannot start the gRPC server");
-    return nullptr;
+    return 1;
   }
-  s->listener_->Start();
-  if (options.health_port >= 0) {
-    // Probes that cannot speak TLS: the health service alone, in plaintext.
-    s->plain_health_ = std::make_unique<HealthService>(
+  listener_->Start();
+  return 0;
+}
+
+// Probes that cannot speak TLS: the health service alone, in plaintext.
+// Then both health services say SERVING.
+int Server::BuildHealthPort() {
+  if (options_.health_port >= 0) {
+    plain_health_ = std::make_unique<HealthService>(
         std::vector<std::string>{std::string(v1::Generator::service_full_name())});
     grpc::ServerBuilder health_builder;
     int health_port = 0;
-    health_builder.AddListeningPort(absl::StrCat(options.host, ":", options.health_port),
+    health_builder.AddListeningPort(absl::StrCat(options_.host, ":", options_.health_port),
                                     grpc::InsecureServerCredentials(), &health_port);
     // A port another process listens on is a start-up error: with
     // SO_REUSEPORT (gRPC's default) a second server would share it. (The
     // gRPC port is bound by the Listener, without it.)
     health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     health_builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
-                                      Millis(options.handshake_timeout));
-    health_builder.RegisterService(s->plain_health_.get());
-    s->health_server_ = health_builder.BuildAndStart();
-    if (s->health_server_ == nullptr || health_port == 0) {
-      const std::string why = ListenError(options.host, options.health_port);
+                                      Millis(options_.handshake_timeout));
+    health_builder.RegisterService(plain_health_.get());
+    health_server_ = health_builder.BuildAndStart();
+    if (health_server_ == nullptr || health_port == 0) {
+      const std::string why = ListenError(options_.host, options_.health_port);
       Log(LogLevel::kError,
-          absl::StrCat("cannot listen on ", options.host, ":", options.health_port,
+          absl::StrCat("cannot listen on ", options_.host, ":", options_.health_port,
                        " (--health_port)", why.empty() ? "" : ": ", why));
-      return nullptr;
+      return 1;
     }
-    s->plain_health_->SetServing(true);
-    LogF(LogLevel::kInfo, "health service in plaintext on %s:%d", options.host, health_port);
+    plain_health_->SetServing(true);
+    LogF(LogLevel::kInfo, "health service in plaintext on %s:%d", options_.host, health_port);
   }
-  s->health_->SetServing(true);
-  if (options.tls.cert.empty()) {
+  health_->SetServing(true);
+  return 0;
+}
+
+void Server::LogServing() const {
+  if (options_.tls.cert.empty()) {
     Log(LogLevel::kInfo,
         "gRPC in plaintext: anyone who reaches the port can generate; use --tls_cert_file and "
         "--tls_key_file (and --tls_client_ca_file) beyond a trusted network");
   } else {
-    LogF(LogLevel::kInfo, "gRPC over %s (%s, re-read every %s)", TlsModeName(options.tls),
-         options.tls.cert, absl::FormatDuration(options.tls.reload_interval));
+    LogF(LogLevel::kInfo, "gRPC over %s (%s, re-read every %s)", TlsModeName(options_.tls),
+         options_.tls.cert, absl::FormatDuration(options_.tls.reload_interval));
   }
+  const batcher::EngineLoopOptions loop_options = LoopOptions();
   LogF(LogLevel::kInfo,
        "serving %s on %s:%d (metrics port %d), backend %s, max_batch_size %d, "
        "batch_window %s, batching %s, overlap_steps %s, prefix_caching %s",
-       config.name, options.host, grpc_port,
-       s->metrics_endpoint_ ? s->metrics_endpoint_->port() : -1, b.name(),
-       options.scheduler.max_batch_size, absl::FormatDuration(options.scheduler.batch_window),
-       batcher::BatchingModeName(options.scheduler.mode), loop_options.overlap_steps ? "on" : "off",
+       backend_->config().name, options_.host, listener_->port(),
+       metrics_endpoint_ ? metrics_endpoint_->port() : -1, backend_->name(),
+       options_.scheduler.max_batch_size, absl::FormatDuration(options_.scheduler.batch_window),
+       batcher::BatchingModeName(options_.scheduler.mode),
+       loop_options.overlap_steps ? "on" : "off",
        loop_options.kv_cache.prefix_caching ? "on" : "off");
-  *exit_code = 0;
-  return s;
 }
 
 // The members go in reverse order of their building: the gRPC server first,

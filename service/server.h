@@ -48,6 +48,22 @@ class Server {
  private:
   explicit Server(const ServerOptions& options) : options_(options) {}
 
+  // Start's steps, in order, each needing those before it. Each builds its
+  // part into the members below and logs what it built; on failure it logs
+  // why and returns the process exit code (Start's), else 0.
+  int BuildModel();         // the model and its tokenizer (--model, --quantize)
+  int BuildChatTemplate();  // the model's chat template, or why there is none
+  int BuildBackend();       // the backend and its KV cache; lets go of the model
+  int BuildMetrics();       // the metrics and their endpoint (--metrics_port)
+  int BuildEngineLoop();    // the engine loop, watched for a lost device
+  int BuildServices();      // the Generator (with --api_keys_file) and health services
+  int BuildGrpcServer();    // TLS, the accept loop and the gRPC server
+  int BuildHealthPort();    // --health_port: the health service in plaintext
+  // The engine loop's options: the flags', and what the backend is.
+  batcher::EngineLoopOptions LoopOptions() const;
+  // The start-up log's last lines: the transport, and what is served where.
+  void LogServing() const;
+
   const ServerOptions options_;
   // In the order they are built; destroyed in reverse. (model_.model is
   // let go of once the backend is built: the backend holds what it reads.)

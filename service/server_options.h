@@ -9,19 +9,12 @@
 #include "absl/time/time.h"
 #include "batcher/engine_loop.h"
 #include "batcher/scheduler.h"
+#include "engine/factory/backend_factory.h"
 #include "engine/model.h"
 #include "engine/precision.h"
 #include "service/tls.h"
 
 namespace coalesce::service {
-
-// Where the model runs (--device). kAuto: the GPU when one is usable, else
-// the CPU (service/backend_factory.h decides). kNull: nowhere, the null
-// backend (engine/null/null_backend.h), which does no arithmetic, for measuring
-// the server's own cost; its output is meaningless.
-enum class Device { kAuto, kCpu, kCuda, kNull };
-const char* DeviceName(Device device);                        // "auto", "cpu", "cuda", "null"
-absl::StatusOr<Device> ParseDevice(const std::string& text);  // --device
 
 struct ServerOptions {
   std::string host = "0.0.0.0";
@@ -37,7 +30,8 @@ struct ServerOptions {
   absl::Duration max_step_time = absl::Milliseconds(200);
   int max_queue = batcher::EngineLoopOptions{}.max_queue;  // waiting requests at most
   int threads = 0;                                         // 0: one per core
-  Device device = Device::kAuto;
+  // Where the model runs (engine/factory/backend_factory.h).
+  engine::Device device = engine::Device::kAuto;
   // Weights and KV cache; nullopt is auto: bf16 on CUDA, fp32 on the CPU
   // (which computes only in fp32).
   std::optional<engine::Precision> precision;
@@ -94,7 +88,8 @@ struct ServerOptions {
 absl::StatusOr<std::optional<engine::Precision>> ParseDtype(const std::string& text);
 
 // --kv_cache_dtype: "auto" (nullopt), "fp32", "bf16", "fp16", "int8" or
-// "fp8" (which backend takes which is PlanBackend's and the backend's to say).
+// "fp8" (which backend takes which is engine::PlanBackend's and the backend's
+// to say).
 absl::StatusOr<std::optional<engine::KvDtype>> ParseKvCacheDtype(const std::string& text);
 
 // --overlap_steps: "auto" (nullopt), "on" or "off".
@@ -102,21 +97,5 @@ absl::StatusOr<std::optional<bool>> ParseOverlapSteps(const std::string& text);
 
 // --fault_injection: "" (off: -1) or "device_lost_after_steps:N" (N >= 0).
 absl::StatusOr<int> ParseFaultInjection(const std::string& text);
-
-// "auto", a byte count with an optional unit ("512MiB", "2GB", "1048576"), or
-// a fraction of physical memory in (0, 1] ("0.25").
-struct KvCacheMemory {
-  bool automatic = false;
-  double fraction = 0;  // of physical memory, when > 0
-  int64_t bytes = 0;    // when > 0
-};
-absl::StatusOr<KvCacheMemory> ParseKvCacheMemory(const std::string& text);
-
-// KV blocks to allocate on the CPU. "auto": enough for max_batch_size
-// sequences of the full context, but at most a quarter of physical memory.
-// (The CUDA backend sizes its own from free device memory; see
-// service/backend_factory.h.)
-int64_t KvCacheBlocks(const KvCacheMemory& memory, int64_t block_bytes, int64_t full_context_blocks,
-                      int max_batch_size, int64_t physical_memory_bytes);
 
 }  // namespace coalesce::service

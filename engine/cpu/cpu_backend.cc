@@ -796,13 +796,6 @@ absl::Status CpuBackend::Step(const StepBatch& batch, std::span<float> logits) {
 
 }  // namespace
 
-absl::StatusOr<std::optional<bool>> ParseFloatPanelsFlag(const std::string& text) {
-  if (text == "auto") return std::nullopt;
-  if (text == "true" || text == "false") return text == "true";
-  return absl::InvalidArgumentError(
-      absl::StrCat("--float_panels=", text, ": expected auto, true or false"));
-}
-
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::shared_ptr<const Model> model,
                                                           const CpuBackendOptions& options) {
   if (model == nullptr) return absl::InvalidArgumentError("CreateCpuBackend: no model");

@@ -25,7 +25,6 @@
 
 #include <memory>
 #include <optional>
-#include <string>
 
 #include "absl/status/statusor.h"
 #include "engine/backend.h"
@@ -49,10 +48,6 @@ struct CpuBackendOptions {
   // AVX-512 reads the model's rows.
   std::optional<bool> float_panels = std::nullopt;
 };
-
-// --float_panels's values: "auto" (nullopt), "true" or "false".
-// INVALID_ARGUMENT, naming the flag, for anything else.
-absl::StatusOr<std::optional<bool>> ParseFloatPanelsFlag(const std::string& text);
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::shared_ptr<const Model> model,
                                                           const CpuBackendOptions& options);

@@ -5,26 +5,9 @@
 namespace coalesce::service {
 namespace {
 
-TEST(KvCacheMemoryTest, ParsesSizesFractionsAndAuto) {
-  EXPECT_TRUE(ParseKvCacheMemory("auto")->automatic);
-  EXPECT_EQ(ParseKvCacheMemory("512MiB")->bytes, 512LL << 20);
-  EXPECT_EQ(ParseKvCacheMemory("2GB")->bytes, 2000000000LL);
-  EXPECT_EQ(ParseKvCacheMemory("1048576")->bytes, 1048576);
-  EXPECT_DOUBLE_EQ(ParseKvCacheMemory("0.25")->fraction, 0.25);
-  for (const char* bad : {"", "lots", "-1", "12parsecs", "0"}) {
-    EXPECT_FALSE(ParseKvCacheMemory(bad).ok()) << bad;
-  }
-}
-
-TEST(KvCacheMemoryTest, AutoIsBoundedByBatchAndByMemory) {
-  const KvCacheMemory automatic{.automatic = true};
-  // 16 sequences x 128 blocks of 1 KiB = 2 MiB, well under a quarter of 1 GiB.
-  EXPECT_EQ(KvCacheBlocks(automatic, 1024, 128, 16, 1LL << 30), 16 * 128);
-  // The same with 4 MiB of memory: a quarter (1 MiB) is the limit.
-  EXPECT_EQ(KvCacheBlocks(automatic, 1024, 128, 16, 4LL << 20), 1024);
-  EXPECT_EQ(KvCacheBlocks({.bytes = 10240}, 1024, 128, 16, 1LL << 30), 10);
-  EXPECT_EQ(KvCacheBlocks({.fraction = 0.5}, 1024, 128, 16, 1LL << 20), 512);
-}
+// --device is the engine's backend factory's (engine/factory/backend_factory.h).
+using engine::Device;
+using engine::ParseDevice;
 
 TEST(DeviceFlagsTest, ParsesDeviceDtypeAndFaultInjection) {
   EXPECT_EQ(*ParseDevice("auto"), Device::kAuto);

@@ -32,6 +32,7 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cpu/huge_page_memory.h"
 #include "engine/cpu/memory_bandwidth.h"
+#include "engine/factory/backend_factory.h"
 #include "engine/model/load.h"
 #include "engine/model/quantize.h"
 #include "engine/precision.h"
