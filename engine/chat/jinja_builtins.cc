@@ -1,6 +1,8 @@
 // jinja2's filters and tests, the methods of str, dict and list a template
 // may call, jinja2's globals plus transformers' raise_exception and
-// strftime_now, and Python's % and str.format formatting.
+// strftime_now, and Python's % and str.format formatting. Filters and
+// methods are tables of named functions (kFilters; kStrMethods and the
+// other receivers' tables), which say both what exists and what runs.
 #include "engine/chat/jinja_builtins.h"
 
 #include <sys/time.h>
@@ -13,6 +15,7 @@
 #include <functional>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -615,6 +618,140 @@ std::string FormatValue(const Value& v, std::string_view spec_text) {
   ThrowTypeError(Cat("unsupported format string passed to ", PyTypeName(v), ".__format__"));
 }
 
+// One conversion of Python's %-formatting: its flags ("-+ #0"), width and
+// precision (-1 when absent).
+struct PercentSpec {
+  std::string flags;
+  int64_t width = -1, precision = -1;
+};
+
+// `body` padded to the width: on the right with '-', with zeros after the
+// sign with '0' when it is a number, else on the left.
+std::string PercentPad(const std::string& body, bool numeric, const PercentSpec& spec) {
+  const bool left = spec.flags.find('-') != std::string::npos;
+  const bool zero = spec.flags.find('0') != std::string::npos && !left;
+  const auto len = static_cast<int64_t>(CodePointCount(body));
+  if (spec.width <= len) return body;
+  const size_t n = static_cast<size_t>(spec.width - len);
+  if (left) return body + std::string(n, ' ');
+  if (zero && numeric) {
+    const size_t sign =
+        !body.empty() && (body[0] == '-' || body[0] == '+' || body[0] == ' ') ? 1 : 0;
+    return body.substr(0, sign) + std::string(n, '0') + body.substr(sign);
+  }
+  return std::string(n, ' ') + body;
+}
+
+// The flags passed on to snprintf: all but '0' and '-', which PercentPad
+// applies (counting code points, not bytes).
+std::string PrintfFlags(const PercentSpec& spec) {
+  std::string out;
+  for (char f : spec.flags) {
+    if (f != '0' && f != '-') out.push_back(f);
+  }
+  return out;
+}
+
+// %s, %r, %a.
+std::string PercentText(char conv, const Value& arg, const PercentSpec& spec) {
+  std::string s = conv == 's' ? ToStr(arg) : Repr(arg);
+  if (spec.precision >= 0) {
+    const std::u32string cps = DecodeUtf8(s);
+    if (static_cast<int64_t>(cps.size()) > spec.precision) {
+      s = EncodeUtf8(std::u32string_view(cps).substr(0, static_cast<size_t>(spec.precision)));
+    }
+  }
+  return PercentPad(s, false, spec);
+}
+
+// %d, %i, %u, %o, %x, %X.
+std::string PercentInt(char conv, const Value& arg, const PercentSpec& spec) {
+  int64_t v;
+  if (arg.is_intlike()) {
+    v = arg.int_value();
+  } else if (arg.type() == Type::kFloat && (conv == 'd' || conv == 'i' || conv == 'u')) {
+    v = TruncToInt(arg.float_value());
+  } else {
+    ThrowTypeError(Cat("%", std::string(1, conv), " format: ",
+                       conv == 'd' || conv == 'i' || conv == 'u' ? "a real number" : "an integer",
+                       " is required, not ", PyTypeName(arg)));
+  }
+  char fmt[32], buf[128];
+  const char c2 = conv == 'i' || conv == 'u' ? 'd' : conv;
+  std::string cf = PrintfFlags(spec);
+  if (conv == 'o') cf.erase(std::remove(cf.begin(), cf.end(), '#'), cf.end());
+  std::snprintf(fmt, sizeof(fmt), "%%%s.%dll%c", cf.c_str(),
+                static_cast<int>(std::min<int64_t>(spec.precision < 0 ? 1 : spec.precision, 100)),
+                c2);
+  std::snprintf(buf, sizeof(buf), fmt, static_cast<long long>(v));
+  std::string body = buf;
+  // Python's alternate octal form is 0o17, C's 017.
+  if (conv == 'o' && spec.flags.find('#') != std::string::npos) {
+    const size_t sign =
+        !body.empty() && (body[0] == '-' || body[0] == '+' || body[0] == ' ') ? 1 : 0;
+    body.insert(sign, "0o");
+  }
+  return PercentPad(body, true, spec);
+}
+
+// %e, %E, %f, %F, %g, %G.
+std::string PercentFloat(char conv, const Value& arg, const PercentSpec& spec) {
+  if (!arg.is_number()) {
+    if (arg.is_undefined()) Interp::ThrowUndefined(arg);
+    ThrowTypeError(Cat("must be real number, not ", PyTypeName(arg)));
+  }
+  const double x = arg.float_value();
+  const int p = static_cast<int>(std::min<int64_t>(spec.precision < 0 ? 6 : spec.precision, 400));
+  std::vector<char> buf(static_cast<size_t>(p) + 420);
+  char fmt[32];
+  std::snprintf(fmt, sizeof(fmt), "%%%s.*%c", PrintfFlags(spec).c_str(), conv);
+  std::snprintf(buf.data(), buf.size(), fmt, p, x);
+  return PercentPad(buf.data(), std::isfinite(x), spec);
+}
+
+// %c: a code point, or a str of one.
+std::string PercentChar(const Value& arg, const PercentSpec& spec) {
+  std::string s;
+  if (arg.is_intlike()) {
+    if (arg.int_value() < 0 || arg.int_value() > 0x10FFFF) {
+      ThrowRuntime("OverflowError", "%c arg not in range(0x110000)");
+    }
+    AppendUtf8(&s, static_cast<char32_t>(arg.int_value()));
+  } else if (arg.is_string() && CodePointCount(arg.str()) == 1) {
+    s = arg.str();
+  } else {
+    ThrowTypeError("%c requires int or char");
+  }
+  return PercentPad(s, false, spec);
+}
+
+std::string PercentConvert(char conv, const Value& arg, const PercentSpec& spec) {
+  switch (conv) {
+    case 's':
+    case 'r':
+    case 'a':
+      return PercentText(conv, arg, spec);
+    case 'd':
+    case 'i':
+    case 'u':
+    case 'o':
+    case 'x':
+    case 'X':
+      return PercentInt(conv, arg, spec);
+    case 'e':
+    case 'E':
+    case 'f':
+    case 'F':
+    case 'g':
+    case 'G':
+      return PercentFloat(conv, arg, spec);
+    case 'c':
+      return PercentChar(arg, spec);
+    default:
+      ValueError(Cat("unsupported format character ", ReprString(std::string(1, conv))));
+  }
+}
+
 }  // namespace
 
 std::string PercentFormat(Interp* in, std::string_view format, const Value& args) {
@@ -667,12 +804,11 @@ std::string PercentFormat(Interp* in, std::string_view format, const Value& args
       used_mapping = true;
       i = k;
     }
-    std::string flags;
+    PercentSpec spec;
     while (i < format.size() &&
            std::string_view("-+ #0").find(format[i]) != std::string_view::npos) {
-      flags.push_back(format[i++]);
+      spec.flags.push_back(format[i++]);
     }
-    int64_t width = -1, precision = -1;
     auto number = [&](int64_t* v) {
       if (i < format.size() && format[i] == '*') {
         *v = RequireInt(take(), "* width");
@@ -684,11 +820,11 @@ std::string PercentFormat(Interp* in, std::string_view format, const Value& args
         if (*v > 100000) ValueError("width too big");
       }
     };
-    number(&width);
+    number(&spec.width);
     if (i < format.size() && format[i] == '.') {
       ++i;
-      precision = 0;
-      number(&precision);
+      spec.precision = 0;
+      number(&spec.precision);
     }
     while (i < format.size() && (format[i] == 'h' || format[i] == 'l' || format[i] == 'L')) ++i;
     if (i >= format.size()) ValueError("incomplete format");
@@ -701,108 +837,7 @@ std::string PercentFormat(Interp* in, std::string_view format, const Value& args
     if (arg->is_undefined() && conv != 's' && conv != 'r' && conv != 'a') {
       Interp::ThrowUndefined(*arg);
     }
-    const bool left = flags.find('-') != std::string::npos;
-    const bool zero = flags.find('0') != std::string::npos && !left;
-    auto pad = [&](const std::string& body, bool numeric) {
-      const auto len = static_cast<int64_t>(CodePointCount(body));
-      if (width <= len) return body;
-      const size_t n = static_cast<size_t>(width - len);
-      if (left) return body + std::string(n, ' ');
-      if (zero && numeric) {
-        const size_t sign =
-            !body.empty() && (body[0] == '-' || body[0] == '+' || body[0] == ' ') ? 1 : 0;
-        return body.substr(0, sign) + std::string(n, '0') + body.substr(sign);
-      }
-      return std::string(n, ' ') + body;
-    };
-    std::string cflags;
-    for (char f : flags) {
-      if (f != '0' && f != '-') cflags.push_back(f);
-    }
-    switch (conv) {
-      case 's':
-      case 'r':
-      case 'a': {
-        std::string s = conv == 's' ? ToStr(*arg) : Repr(*arg);
-        if (precision >= 0) {
-          const std::u32string cps = DecodeUtf8(s);
-          if (static_cast<int64_t>(cps.size()) > precision) {
-            s = EncodeUtf8(std::u32string_view(cps).substr(0, static_cast<size_t>(precision)));
-          }
-        }
-        out += pad(s, false);
-        break;
-      }
-      case 'd':
-      case 'i':
-      case 'u':
-      case 'o':
-      case 'x':
-      case 'X': {
-        int64_t v;
-        if (arg->is_intlike()) {
-          v = arg->int_value();
-        } else if (arg->type() == Type::kFloat && (conv == 'd' || conv == 'i' || conv == 'u')) {
-          v = TruncToInt(arg->float_value());
-        } else {
-          ThrowTypeError(
-              Cat("%", std::string(1, conv), " format: ",
-                  conv == 'd' || conv == 'i' || conv == 'u' ? "a real number" : "an integer",
-                  " is required, not ", PyTypeName(*arg)));
-        }
-        char fmt[32], buf[128];
-        const char c2 = conv == 'i' || conv == 'u' ? 'd' : conv;
-        std::string cf = cflags;
-        if (conv == 'o') cf.erase(std::remove(cf.begin(), cf.end(), '#'), cf.end());
-        std::snprintf(fmt, sizeof(fmt), "%%%s.%dll%c", cf.c_str(),
-                      static_cast<int>(std::min<int64_t>(precision < 0 ? 1 : precision, 100)), c2);
-        std::snprintf(buf, sizeof(buf), fmt, static_cast<long long>(v));
-        std::string body = buf;
-        if (conv == 'o' && flags.find('#') != std::string::npos) {
-          const size_t sign =
-              !body.empty() && (body[0] == '-' || body[0] == '+' || body[0] == ' ') ? 1 : 0;
-          body.insert(sign, "0o");
-        }
-        out += pad(body, true);
-        break;
-      }
-      case 'e':
-      case 'E':
-      case 'f':
-      case 'F':
-      case 'g':
-      case 'G': {
-        if (!arg->is_number()) {
-          if (arg->is_undefined()) Interp::ThrowUndefined(*arg);
-          ThrowTypeError(Cat("must be real number, not ", PyTypeName(*arg)));
-        }
-        const double x = arg->float_value();
-        const int p = static_cast<int>(std::min<int64_t>(precision < 0 ? 6 : precision, 400));
-        std::vector<char> buf(static_cast<size_t>(p) + 420);
-        char fmt[32];
-        std::snprintf(fmt, sizeof(fmt), "%%%s.*%c", cflags.c_str(), conv);
-        std::snprintf(buf.data(), buf.size(), fmt, p, x);
-        out += pad(buf.data(), std::isfinite(x));
-        break;
-      }
-      case 'c': {
-        std::string s;
-        if (arg->is_intlike()) {
-          if (arg->int_value() < 0 || arg->int_value() > 0x10FFFF) {
-            ThrowRuntime("OverflowError", "%c arg not in range(0x110000)");
-          }
-          AppendUtf8(&s, static_cast<char32_t>(arg->int_value()));
-        } else if (arg->is_string() && CodePointCount(arg->str()) == 1) {
-          s = arg->str();
-        } else {
-          ThrowTypeError("%c requires int or char");
-        }
-        out += pad(s, false);
-        break;
-      }
-      default:
-        ValueError(Cat("unsupported format character ", ReprString(std::string(1, conv))));
-    }
+    out += PercentConvert(conv, *arg, spec);
     if (out.size() > in->limits().max_output_bytes) in->MakeStr(out);  // throws
   }
   if (!used_mapping && !subscriptable && next < items.size()) {
@@ -928,21 +963,539 @@ std::string StrFormat(Interp* in, std::string_view format, const Args& args) {
   return out;
 }
 
+}  // namespace
+
 // ---------------------------------------------------------------------------
-// The method tables
+// Methods
+//
+// One table per receiver type of the methods a template may look up, sorted
+// by name: PyAttr reads it to know that `s.strip` is a bound method, and
+// CallMethod to call it. A name without a function is a method Python has
+// and chat templates may not call: looking it up gives the bound method (as
+// in Python), calling it is an error saying it is not supported.
 
-constexpr std::string_view kStrMethods[] = {
-    "capitalize",   "casefold",    "center",    "count",      "encode",       "endswith",
-    "expandtabs",   "find",        "format",    "format_map", "index",        "isalnum",
-    "isalpha",      "isascii",     "isdecimal", "isdigit",    "isidentifier", "islower",
-    "isnumeric",    "isprintable", "isspace",   "istitle",    "isupper",      "join",
-    "ljust",        "lower",       "lstrip",    "maketrans",  "partition",    "removeprefix",
-    "removesuffix", "replace",     "rfind",     "rindex",     "rjust",        "rpartition",
-    "rsplit",       "rstrip",      "split",     "splitlines", "startswith",   "strip",
-    "swapcase",     "title",       "translate", "upper",      "zfill"};
+namespace {
 
-bool InTable(std::string_view name, const std::string_view* begin, const std::string_view* end) {
-  return std::find(begin, end, name) != end;
+// `name` is the method's name as the template called it: methods that
+// differ only in a direction or a character class share one function.
+using MethodFn = Value (*)(Interp* in, const Value& self, std::string_view name, const Args& args);
+
+struct MethodEntry {
+  std::string_view name;
+  MethodFn fn;  // null: not supported in chat templates
+};
+
+// The entry of `table` (sorted by name) named `name`, or null.
+template <typename Table>
+auto FindByName(const Table& table, std::string_view name) -> decltype(&*std::begin(table)) {
+  const auto it = std::lower_bound(std::begin(table), std::end(table), name,
+                                   [](const auto& e, std::string_view n) { return e.name < n; });
+  return it != std::end(table) && it->name == name ? &*it : nullptr;
+}
+
+// Whether `table` is sorted by name, each name once: what FindByName needs.
+template <typename Entry, size_t N>
+constexpr bool StrictlySortedByName(const Entry (&table)[N]) {
+  return std::adjacent_find(std::begin(table), std::end(table), [](const Entry& a, const Entry& b) {
+           return !(a.name < b.name);
+         }) == std::end(table);
+}
+
+// --- str
+
+// A list of the strs `parts`, each as safe as the str it came from.
+Value StrList(Interp* in, std::vector<std::string> parts, bool safe) {
+  std::vector<Value> items;
+  items.reserve(parts.size());
+  for (auto& p : parts) items.push_back(Value::Str(std::move(p), safe));
+  return in->MakeSeq(SeqKind::kList, std::move(items));
+}
+
+// str.strip, lstrip, rstrip.
+Value StrStrip(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {"chars"});
+  size_t begin = 0;
+  std::string kept =
+      Strip(self.str(), b.Get(0), name == "strip" ? 0 : (name == "lstrip" ? -1 : 1), &begin);
+  return in->Substr(self, begin, std::move(kept));
+}
+
+// str.split, rsplit.
+Value StrSplit(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {"sep", "maxsplit"});
+  const int64_t maxsplit = b.Has(1) ? RequireInt(*b.Get(1), "maxsplit") : -1;
+  return StrList(in, Split(self.str(), b.Get(0), maxsplit, name == "rsplit"), self.safe());
+}
+
+Value StrSplitlines(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {"keepends"});
+  return StrList(in, SplitLines(self.str(), b.Has(0) && Truthy(*b.Get(0))), self.safe());
+}
+
+// str.startswith, endswith: a str or a tuple of strs, within [start, end).
+Value StrStartsOrEndsWith(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {"prefix", "start", "end"});
+  if (!b.Has(0)) ThrowTypeError(Cat(name, "() takes at least 1 argument (0 given)"));
+  const std::u32string cps = DecodeUtf8(self.str());
+  size_t lo, hi;
+  Bounds(cps.size(), b.Get(1), b.Get(2), &lo, &hi);
+  const std::u32string_view window =
+      lo <= hi ? std::u32string_view(cps).substr(lo, hi - lo) : std::u32string_view();
+  std::vector<Value> candidates;
+  const Value& prefix = *b.Get(0);
+  if (prefix.is_seq() && prefix.seq_kind() == SeqKind::kTuple) {
+    candidates = prefix.seq().items;
+  } else if (prefix.is_string()) {
+    candidates.push_back(prefix);
+  } else {
+    ThrowTypeError(Cat(name, " first arg must be str or a tuple of str, not ", PyTypeName(prefix)));
+  }
+  if (lo > hi) return Value::Bool(false);
+  for (const Value& c : candidates) {
+    const std::u32string p = DecodeUtf8(RequireStr(c, "tuple for startswith"));
+    if (p.size() > window.size()) continue;
+    if (name == "startswith" ? window.substr(0, p.size()) == p
+                             : window.substr(window.size() - p.size()) == p) {
+      return Value::Bool(true);
+    }
+  }
+  return Value::Bool(false);
+}
+
+// str.upper, lower, casefold, title, capitalize, swapcase: `kConvert` of the
+// text, as safe as it was.
+template <std::string (*kConvert)(std::string_view)>
+Value StrConvert(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {});
+  return in->MakeStr(kConvert(self.str()), self.safe());
+}
+
+Value StrReplace(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {"old", "new", "count"});
+  if (!b.Has(1)) ThrowTypeError("replace expected at least 2 arguments");
+  const int64_t count = b.Has(2) ? RequireInt(*b.Get(2), "count") : -1;
+  return in->MakeStr(
+      Replace(self.str(), RequireStr(*b.Get(0), "replace() argument 1"),
+              RequireStr(*b.Get(1), "replace() argument 2"), count, in->limits().max_output_bytes),
+      self.safe());
+}
+
+// The arguments of str.find, rfind, index, rindex and count: the text and
+// the substring as code points, and the window [lo, hi) of the text to look
+// in (lo > hi: none).
+struct SubstringSearch {
+  std::u32string cps, sub;
+  size_t lo, hi;
+};
+
+SubstringSearch BindSubstringSearch(const std::string& s, std::string_view name, const Args& args) {
+  Bound b(name, args, {"sub", "start", "end"});
+  if (!b.Has(0)) ThrowTypeError(Cat(name, "() takes at least 1 argument (0 given)"));
+  SubstringSearch out;
+  out.cps = DecodeUtf8(s);
+  out.sub = DecodeUtf8(RequireStr(*b.Get(0), "substring"));
+  Bounds(out.cps.size(), b.Get(1), b.Get(2), &out.lo, &out.hi);
+  return out;
+}
+
+// str.find, rfind, index, rindex: where the substring starts (the last
+// place for the r-forms); -1 when it is not there, an error for index and
+// rindex.
+Value StrFind(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  const SubstringSearch q = BindSubstringSearch(self.str(), name, args);
+  int64_t found = -1;
+  if (q.lo <= q.hi && q.hi - q.lo >= q.sub.size()) {
+    const std::u32string_view w = std::u32string_view(q.cps).substr(q.lo, q.hi - q.lo);
+    const size_t p = (name == "find" || name == "index") ? w.find(q.sub) : w.rfind(q.sub);
+    if (p != std::u32string_view::npos) found = static_cast<int64_t>(q.lo + p);
+  }
+  if (found < 0 && (name == "index" || name == "rindex")) ValueError("substring not found");
+  return Value::Int(found);
+}
+
+// str.count: non-overlapping occurrences (an empty substring is between
+// every two code points and at both ends).
+Value StrCount(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  const SubstringSearch q = BindSubstringSearch(self.str(), name, args);
+  if (q.lo > q.hi) return Value::Int(0);
+  const std::u32string_view w = std::u32string_view(q.cps).substr(q.lo, q.hi - q.lo);
+  if (q.sub.empty()) return Value::Int(static_cast<int64_t>(w.size()) + 1);
+  int64_t c = 0;
+  for (size_t p = w.find(q.sub); p != std::u32string_view::npos;
+       p = w.find(q.sub, p + q.sub.size()))
+    ++c;
+  return Value::Int(c);
+}
+
+Value StrJoin(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {"iterable"});
+  if (!b.Has(0)) ThrowTypeError("join() takes exactly one argument (0 given)");
+  const std::vector<Value> items = Iterate(*b.Get(0));
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!items[i].is_string()) {
+      ThrowTypeError(
+          Cat("sequence item ", i, ": expected str instance, ", PyTypeName(items[i]), " found"));
+    }
+    if (i > 0) out += self.str();
+    out += items[i].str();
+    if (out.size() > in->limits().max_output_bytes) in->MakeStr(std::move(out));  // throws
+  }
+  return in->MakeStr(std::move(out), self.safe());
+}
+
+Value StrFormatMethod(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  return in->MakeStr(StrFormat(in, self.str(), args), self.safe());
+}
+
+Value StrIsascii(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {});
+  return Value::Bool(IsAscii(self.str()));
+}
+
+Value StrIsprintable(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {});
+  const std::u32string cps = DecodeUtf8(self.str());
+  return Value::Bool(std::all_of(cps.begin(), cps.end(), IsPrintable));
+}
+
+// str.islower, isupper: at least one cased code point, and none of the other
+// case (nor a titlecase one).
+Value StrIsLowerOrUpper(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {});
+  const bool lower = name == "islower";
+  bool cased = false;
+  for (char32_t c : DecodeUtf8(self.str())) {
+    if (lower ? IsUpperChar(c) : IsLowerChar(c)) return Value::Bool(false);
+    if (IsCased(c) && (lower ? IsLowerChar(c) : IsUpperChar(c))) cased = true;
+    if (IsCased(c) && !IsLowerChar(c) && !IsUpperChar(c)) return Value::Bool(false);
+  }
+  return Value::Bool(cased);
+}
+
+Value StrIstitle(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {});
+  bool cased = false, previous_cased = false;
+  for (char32_t c : DecodeUtf8(self.str())) {
+    if (IsUpperChar(c) || (IsCased(c) && !IsLowerChar(c))) {
+      if (previous_cased) return Value::Bool(false);
+      previous_cased = cased = true;
+    } else if (IsLowerChar(c)) {
+      if (!previous_cased) return Value::Bool(false);
+      previous_cased = cased = true;
+    } else {
+      previous_cased = false;
+    }
+  }
+  return Value::Bool(cased);
+}
+
+Value StrIsidentifier(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {});
+  const std::u32string cps = DecodeUtf8(self.str());
+  if (cps.empty()) return Value::Bool(false);
+  for (size_t i = 0; i < cps.size(); ++i) {
+    const char32_t c = cps[i];
+    const bool ok = c == '_' || IsAlpha(c) || (i > 0 && (IsDecimal(c) || IsDigit(c)));
+    if (!ok) return Value::Bool(false);
+  }
+  return Value::Bool(true);
+}
+
+bool IsAlnum(char32_t c) { return IsAlpha(c) || IsDecimal(c) || IsDigit(c) || IsNumeric(c); }
+
+// str.isalnum, isalpha, isdecimal, isdigit, isnumeric, isspace: a non-empty
+// str of code points all of the class.
+template <bool (*kIsClass)(char32_t)>
+Value StrIsClass(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {});
+  const std::u32string cps = DecodeUtf8(self.str());
+  return Value::Bool(!cps.empty() && std::all_of(cps.begin(), cps.end(), kIsClass));
+}
+
+// str.ljust, rjust, center.
+Value StrJustify(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {"width", "fillchar"});
+  if (!b.Has(0)) ThrowTypeError(Cat(name, "() takes at least 1 argument (0 given)"));
+  const int64_t width = RequireInt(*b.Get(0), "width");
+  if (width > static_cast<int64_t>(in->limits().max_output_bytes)) in->StringLimit();
+  char32_t fill = ' ';
+  if (b.Has(1)) {
+    const std::u32string f = DecodeUtf8(RequireStr(*b.Get(1), "fillchar"));
+    if (f.size() != 1) ThrowTypeError("The fill character must be exactly one character long");
+    fill = f[0];
+  }
+  const std::string& s = self.str();
+  if (name != "center")
+    return in->MakeStr(Pad(s, width, fill, name == "ljust" ? '<' : '>'), self.safe());
+  const auto len = static_cast<int64_t>(CodePointCount(s));
+  if (width <= len) return self;
+  // Python's centering: an odd code point of padding goes on the left when
+  // the width is odd too.
+  const int64_t pad = width - len;
+  const int64_t left = pad / 2 + (pad & width & 1);
+  std::string fs;
+  AppendUtf8(&fs, fill);
+  std::string out;
+  for (int64_t i = 0; i < left; ++i) out += fs;
+  out += s;
+  for (int64_t i = 0; i < pad - left; ++i) out += fs;
+  return in->MakeStr(std::move(out), self.safe());
+}
+
+Value StrZfill(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {"width"});
+  if (!b.Has(0)) ThrowTypeError("zfill() takes exactly one argument (0 given)");
+  const int64_t width = RequireInt(*b.Get(0), "width");
+  const std::string& s = self.str();
+  const auto len = static_cast<int64_t>(CodePointCount(s));
+  if (width <= len) return self;
+  if (width > static_cast<int64_t>(in->limits().max_output_bytes)) in->StringLimit();
+  const size_t sign = !s.empty() && (s[0] == '+' || s[0] == '-') ? 1 : 0;
+  return in->MakeStr(
+      s.substr(0, sign) + std::string(static_cast<size_t>(width - len), '0') + s.substr(sign),
+      self.safe());
+}
+
+// str.removeprefix, removesuffix.
+Value StrRemoveAffix(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {"affix"});
+  if (!b.Has(0)) ThrowTypeError(Cat(name, "() takes exactly one argument (0 given)"));
+  const std::string& a = RequireStr(*b.Get(0), name);
+  const std::string& s = self.str();
+  if (name == "removeprefix" && s.compare(0, a.size(), a) == 0)
+    return in->MakeStr(s.substr(a.size()), self.safe());
+  if (name == "removesuffix" && !a.empty() && s.size() >= a.size() &&
+      s.compare(s.size() - a.size(), a.size(), a) == 0) {
+    return in->MakeStr(s.substr(0, s.size() - a.size()), self.safe());
+  }
+  return self;
+}
+
+// str.partition, rpartition.
+Value StrPartition(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {"sep"});
+  if (!b.Has(0)) ThrowTypeError(Cat(name, "() takes exactly one argument (0 given)"));
+  const std::string& sep = RequireStr(*b.Get(0), name);
+  if (sep.empty()) ValueError("empty separator");
+  const std::string& s = self.str();
+  const bool safe = self.safe();
+  const size_t k = name == "partition" ? s.find(sep) : s.rfind(sep);
+  std::vector<Value> parts;
+  if (k == std::string::npos) {
+    if (name == "partition") {
+      parts = {Value::Str(s, safe), Value::Str("", safe), Value::Str("", safe)};
+    } else {
+      parts = {Value::Str("", safe), Value::Str("", safe), Value::Str(s, safe)};
+    }
+  } else {
+    parts = {Value::Str(s.substr(0, k), safe), Value::Str(sep, safe),
+             Value::Str(s.substr(k + sep.size()), safe)};
+  }
+  return in->MakeSeq(SeqKind::kTuple, std::move(parts));
+}
+
+constexpr MethodEntry kStrMethods[] = {
+    {"capitalize", StrConvert<PyCapitalize>},
+    {"casefold", StrConvert<PyLower>},
+    {"center", StrJustify},
+    {"count", StrCount},
+    {"encode", nullptr},
+    {"endswith", StrStartsOrEndsWith},
+    {"expandtabs", nullptr},
+    {"find", StrFind},
+    {"format", StrFormatMethod},
+    {"format_map", nullptr},
+    {"index", StrFind},
+    {"isalnum", StrIsClass<IsAlnum>},
+    {"isalpha", StrIsClass<IsAlpha>},
+    {"isascii", StrIsascii},
+    {"isdecimal", StrIsClass<IsDecimal>},
+    {"isdigit", StrIsClass<IsDigit>},
+    {"isidentifier", StrIsidentifier},
+    {"islower", StrIsLowerOrUpper},
+    {"isnumeric", StrIsClass<IsNumeric>},
+    {"isprintable", StrIsprintable},
+    {"isspace", StrIsClass<IsPySpace>},
+    {"istitle", StrIstitle},
+    {"isupper", StrIsLowerOrUpper},
+    {"join", StrJoin},
+    {"ljust", StrJustify},
+    {"lower", StrConvert<PyLower>},
+    {"lstrip", StrStrip},
+    {"maketrans", nullptr},
+    {"partition", StrPartition},
+    {"removeprefix", StrRemoveAffix},
+    {"removesuffix", StrRemoveAffix},
+    {"replace", StrReplace},
+    {"rfind", StrFind},
+    {"rindex", StrFind},
+    {"rjust", StrJustify},
+    {"rpartition", StrPartition},
+    {"rsplit", StrSplit},
+    {"rstrip", StrStrip},
+    {"split", StrSplit},
+    {"splitlines", StrSplitlines},
+    {"startswith", StrStartsOrEndsWith},
+    {"strip", StrStrip},
+    {"swapcase", StrConvert<PySwapcase>},
+    {"title", StrConvert<PyTitle>},
+    {"translate", nullptr},
+    {"upper", StrConvert<PyUpper>},
+    {"zfill", StrZfill},
+};
+static_assert(StrictlySortedByName(kStrMethods));
+
+// --- dict
+
+Value DictGet(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {"key", "default"});
+  if (!b.Has(0)) ThrowTypeError("get expected at least 1 argument, got 0");
+  if (const Value* v = self.dict().Find(*b.Get(0))) return *v;
+  return b.Has(1) ? *b.Get(1) : Value::None();
+}
+
+// dict.items, keys, values: a view of the entries as they are now.
+Value DictView(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {});
+  const DictObj& d = self.dict();
+  std::vector<Value> items;
+  items.reserve(d.size());
+  for (const auto& [k, v] : d.entries) {
+    if (name == "items") {
+      items.push_back(Value::Tuple({k, v}));
+    } else {
+      items.push_back(name == "keys" ? k : v);
+    }
+  }
+  return in->MakeSeq(
+      name == "items" ? SeqKind::kItems : (name == "keys" ? SeqKind::kKeys : SeqKind::kValues),
+      std::move(items));
+}
+
+Value DictCopy(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {});
+  const DictObj& d = self.dict();
+  auto copy = std::make_shared<DictObj>(d);
+  in->Charge(static_cast<int64_t>(d.size()));
+  return Value::Dict(std::move(copy));
+}
+
+constexpr MethodEntry kDictMethods[] = {
+    {"copy", DictCopy},  {"fromkeys", nullptr}, {"get", DictGet},
+    {"items", DictView}, {"keys", DictView},    {"values", DictView},
+};
+static_assert(StrictlySortedByName(kDictMethods));
+
+// --- list, tuple, range
+
+Value SeqCount(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {"value"});
+  if (!b.Has(0)) ThrowTypeError("count() takes exactly one argument (0 given)");
+  int64_t c = 0;
+  for (const Value& v : self.seq().items) c += Equal(v, *b.Get(0)) ? 1 : 0;
+  return Value::Int(c);
+}
+
+Value SeqIndex(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {"value", "start", "stop"});
+  if (!b.Has(0)) ThrowTypeError("index expected at least 1 argument, got 0");
+  const auto& items = self.seq().items;
+  size_t lo, hi;
+  Bounds(items.size(), b.Get(1), b.Get(2), &lo, &hi);
+  for (size_t i = lo; i < hi; ++i) {
+    if (Equal(items[i], *b.Get(0))) return Value::Int(static_cast<int64_t>(i));
+  }
+  ValueError(Cat(Repr(*b.Get(0)), " is not in ", PyTypeName(self)));
+}
+
+Value SeqCopy(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {});
+  return in->MakeSeq(SeqKind::kList, self.seq().items);
+}
+
+constexpr MethodEntry kListMethods[] = {
+    {"copy", SeqCopy}, {"count", SeqCount}, {"index", SeqIndex}};
+static_assert(StrictlySortedByName(kListMethods));
+// Tuples and ranges: the methods of immutable sequences.
+constexpr MethodEntry kTupleMethods[] = {{"count", SeqCount}, {"index", SeqIndex}};
+static_assert(StrictlySortedByName(kTupleMethods));
+
+// --- loop, cycler, float
+
+// loop.cycle(a, b, ...): the argument at the iteration's index, round.
+Value LoopCycle(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  if (args.pos.empty()) ThrowTypeError("no items for cycling given");
+  return args.pos[static_cast<size_t>(self.object<LoopObj>().index0) % args.pos.size()];
+}
+
+// loop.changed(a, ...): whether the arguments differ from the last call's.
+Value LoopChanged(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  auto& loop = self.object<LoopObj>();
+  Value now = Value::Tuple(args.pos);
+  if (!loop.has_changed || !Equal(loop.last_changed, now)) {
+    loop.has_changed = true;
+    loop.last_changed = std::move(now);
+    return Value::Bool(true);
+  }
+  return Value::Bool(false);
+}
+
+constexpr MethodEntry kLoopMethods[] = {{"changed", LoopChanged}, {"cycle", LoopCycle}};
+static_assert(StrictlySortedByName(kLoopMethods));
+
+Value CyclerNext(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {});
+  auto& cycler = self.object<CyclerObj>();
+  Value v = cycler.items[cycler.pos];
+  cycler.pos = (cycler.pos + 1) % cycler.items.size();
+  return v;
+}
+
+Value CyclerReset(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {});
+  self.object<CyclerObj>().pos = 0;
+  return Value::None();
+}
+
+constexpr MethodEntry kCyclerMethods[] = {{"next", CyclerNext}, {"reset", CyclerReset}};
+static_assert(StrictlySortedByName(kCyclerMethods));
+
+Value FloatIsInteger(Interp* in, const Value& self, std::string_view name, const Args& args) {
+  Bound b(name, args, {});
+  const double f = self.float_value();
+  return Value::Bool(std::isfinite(f) && f == std::floor(f));
+}
+
+constexpr MethodEntry kFloatMethods[] = {{"is_integer", FloatIsInteger}};
+
+// The methods of `obj`'s type; none for the others (generators, dict views,
+// numbers other than float, ...).
+std::span<const MethodEntry> MethodsOf(const Value& obj) {
+  switch (obj.type()) {
+    case Type::kString:
+      return kStrMethods;
+    case Type::kDict:
+      return kDictMethods;
+    case Type::kSeq:
+      switch (obj.seq_kind()) {
+        case SeqKind::kList:
+          return kListMethods;
+        case SeqKind::kTuple:
+        case SeqKind::kRange:
+          return kTupleMethods;
+        default:
+          return {};
+      }
+    case Type::kLoop:
+      return kLoopMethods;
+    case Type::kCycler:
+      return kCyclerMethods;
+    case Type::kFloat:
+      return kFloatMethods;
+    default:
+      return {};
+  }
 }
 
 }  // namespace
@@ -956,35 +1509,19 @@ std::optional<Value> Interp::PyAttr(const Value& obj, std::string_view name) {
   if (name.size() > 4 && name.substr(0, 2) == "__" && name.substr(name.size() - 2) == "__") {
     return unsafe();
   }
+  if (FindByName(MethodsOf(obj), name) != nullptr) return MethodValue(obj, name);
   switch (obj.type()) {
-    case Type::kString:
-      if (InTable(name, std::begin(kStrMethods), std::end(kStrMethods)))
-        return MethodValue(obj, name);
-      break;
     case Type::kDict:
       if (OneOf({"clear", "pop", "popitem", "setdefault", "update"}, name)) return unsafe();
-      if (OneOf({"copy", "fromkeys", "get", "items", "keys", "values"}, name)) {
-        return MethodValue(obj, name);
-      }
       break;
     case Type::kSeq:
-      switch (obj.seq_kind()) {
-        case SeqKind::kList:
-          if (OneOf({"append", "clear", "pop", "reverse", "insert", "sort", "extend", "remove"},
-                    name)) {
-            return unsafe();
-          }
-          if (OneOf({"copy", "count", "index"}, name)) return MethodValue(obj, name);
-          break;
-        case SeqKind::kTuple:
-        case SeqKind::kRange:
-          if (OneOf({"count", "index"}, name)) return MethodValue(obj, name);
-          if (obj.seq_kind() == SeqKind::kRange && OneOf({"start", "stop", "step"}, name)) {
-            NotSupported("range.start/stop/step");
-          }
-          break;
-        default:
-          break;
+      if (obj.seq_kind() == SeqKind::kList &&
+          OneOf({"append", "clear", "pop", "reverse", "insert", "sort", "extend", "remove"},
+                name)) {
+        return unsafe();
+      }
+      if (obj.seq_kind() == SeqKind::kRange && OneOf({"start", "stop", "step"}, name)) {
+        NotSupported("range.start/stop/step");
       }
       break;
     case Type::kNamespace:
@@ -1011,18 +1548,15 @@ std::optional<Value> Interp::PyAttr(const Value& obj, std::string_view name) {
           return Value::Undefined("there is no next item");
         return loop.items[static_cast<size_t>(i + 1)];
       }
-      if (name == "cycle" || name == "changed") return MethodValue(obj, name);
       break;
     }
     case Type::kCycler: {
       const auto& cycler = obj.object<CyclerObj>();
       if (name == "current") return cycler.items[cycler.pos];
       if (name == "items") return Value::List(cycler.items);
-      if (name == "next" || name == "reset") return MethodValue(obj, name);
       break;
     }
     case Type::kFloat:
-      if (name == "is_integer") return MethodValue(obj, name);
       if (name == "real") return obj;
       if (name == "imag") return Value::Float(0);
       break;
@@ -1038,348 +1572,13 @@ std::optional<Value> Interp::PyAttr(const Value& obj, std::string_view name) {
   return std::nullopt;
 }
 
-// ---------------------------------------------------------------------------
-// Methods
-
 Value Interp::CallMethod(const Value& self, const std::string& name, const Args& args) {
-  const std::string_view n = name;
-  if (self.type() == Type::kString) {
-    const std::string& s = self.str();
-    const bool safe = self.safe();
-    Charge(static_cast<int64_t>(s.size() / 16));
-    auto str_list = [&](std::vector<std::string> parts) {
-      std::vector<Value> items;
-      items.reserve(parts.size());
-      for (auto& p : parts) items.push_back(Value::Str(std::move(p), safe));
-      return MakeSeq(SeqKind::kList, std::move(items));
-    };
-    if (n == "strip" || n == "lstrip" || n == "rstrip") {
-      Bound b(name, args, {"chars"});
-      size_t begin = 0;
-      std::string kept = Strip(s, b.Get(0), n == "strip" ? 0 : (n == "lstrip" ? -1 : 1), &begin);
-      return Substr(self, begin, std::move(kept));
-    }
-    if (n == "split" || n == "rsplit") {
-      Bound b(name, args, {"sep", "maxsplit"});
-      const int64_t maxsplit = b.Has(1) ? RequireInt(*b.Get(1), "maxsplit") : -1;
-      return str_list(Split(s, b.Get(0), maxsplit, n == "rsplit"));
-    }
-    if (n == "splitlines") {
-      Bound b(name, args, {"keepends"});
-      return str_list(SplitLines(s, b.Has(0) && Truthy(*b.Get(0))));
-    }
-    if (n == "startswith" || n == "endswith") {
-      Bound b(name, args, {"prefix", "start", "end"});
-      if (!b.Has(0)) ThrowTypeError(Cat(name, "() takes at least 1 argument (0 given)"));
-      const std::u32string cps = DecodeUtf8(s);
-      size_t lo, hi;
-      Bounds(cps.size(), b.Get(1), b.Get(2), &lo, &hi);
-      const std::u32string_view window =
-          lo <= hi ? std::u32string_view(cps).substr(lo, hi - lo) : std::u32string_view();
-      std::vector<Value> candidates;
-      const Value& prefix = *b.Get(0);
-      if (prefix.is_seq() && prefix.seq_kind() == SeqKind::kTuple) {
-        candidates = prefix.seq().items;
-      } else if (prefix.is_string()) {
-        candidates.push_back(prefix);
-      } else {
-        ThrowTypeError(
-            Cat(name, " first arg must be str or a tuple of str, not ", PyTypeName(prefix)));
-      }
-      if (lo > hi) return Value::Bool(false);
-      for (const Value& c : candidates) {
-        const std::u32string p = DecodeUtf8(RequireStr(c, "tuple for startswith"));
-        if (p.size() > window.size()) continue;
-        if (n == "startswith" ? window.substr(0, p.size()) == p
-                              : window.substr(window.size() - p.size()) == p) {
-          return Value::Bool(true);
-        }
-      }
-      return Value::Bool(false);
-    }
-    if (n == "upper" || n == "lower" || n == "title" || n == "capitalize" || n == "swapcase" ||
-        n == "casefold") {
-      Bound b(name, args, {});
-      if (n == "upper") return MakeStr(PyUpper(s), safe);
-      if (n == "lower" || n == "casefold") return MakeStr(PyLower(s), safe);
-      if (n == "title") return MakeStr(PyTitle(s), safe);
-      if (n == "capitalize") return MakeStr(PyCapitalize(s), safe);
-      return MakeStr(PySwapcase(s), safe);
-    }
-    if (n == "replace") {
-      Bound b(name, args, {"old", "new", "count"});
-      if (!b.Has(1)) ThrowTypeError("replace expected at least 2 arguments");
-      const int64_t count = b.Has(2) ? RequireInt(*b.Get(2), "count") : -1;
-      return MakeStr(
-          Replace(s, RequireStr(*b.Get(0), "replace() argument 1"),
-                  RequireStr(*b.Get(1), "replace() argument 2"), count, limits_.max_output_bytes),
-          safe);
-    }
-    if (n == "find" || n == "rfind" || n == "index" || n == "rindex" || n == "count") {
-      Bound b(name, args, {"sub", "start", "end"});
-      if (!b.Has(0)) ThrowTypeError(Cat(name, "() takes at least 1 argument (0 given)"));
-      const std::u32string cps = DecodeUtf8(s);
-      const std::u32string sub = DecodeUtf8(RequireStr(*b.Get(0), "substring"));
-      size_t lo, hi;
-      Bounds(cps.size(), b.Get(1), b.Get(2), &lo, &hi);
-      if (n == "count") {
-        if (lo > hi) return Value::Int(0);
-        const std::u32string_view w = std::u32string_view(cps).substr(lo, hi - lo);
-        if (sub.empty()) return Value::Int(static_cast<int64_t>(w.size()) + 1);
-        int64_t c = 0;
-        for (size_t p = w.find(sub); p != std::u32string_view::npos;
-             p = w.find(sub, p + sub.size()))
-          ++c;
-        return Value::Int(c);
-      }
-      int64_t found = -1;
-      if (lo <= hi && hi - lo >= sub.size()) {
-        const std::u32string_view w = std::u32string_view(cps).substr(lo, hi - lo);
-        const size_t p = (n == "find" || n == "index") ? w.find(sub) : w.rfind(sub);
-        if (p != std::u32string_view::npos) found = static_cast<int64_t>(lo + p);
-      }
-      if (found < 0 && (n == "index" || n == "rindex")) ValueError("substring not found");
-      return Value::Int(found);
-    }
-    if (n == "join") {
-      Bound b(name, args, {"iterable"});
-      if (!b.Has(0)) ThrowTypeError("join() takes exactly one argument (0 given)");
-      const std::vector<Value> items = Iterate(*b.Get(0));
-      std::string out;
-      for (size_t i = 0; i < items.size(); ++i) {
-        if (!items[i].is_string()) {
-          ThrowTypeError(Cat("sequence item ", i, ": expected str instance, ", PyTypeName(items[i]),
-                             " found"));
-        }
-        if (i > 0) out += s;
-        out += items[i].str();
-        if (out.size() > limits_.max_output_bytes) MakeStr(std::move(out));  // throws
-      }
-      return MakeStr(std::move(out), safe);
-    }
-    if (n == "format") return MakeStr(StrFormat(this, s, args), safe);
-    if (n == "isalnum" || n == "isalpha" || n == "isascii" || n == "isdecimal" || n == "isdigit" ||
-        n == "isidentifier" || n == "islower" || n == "isnumeric" || n == "isprintable" ||
-        n == "isspace" || n == "istitle" || n == "isupper") {
-      Bound b(name, args, {});
-      const std::u32string cps = DecodeUtf8(s);
-      if (n == "isascii") return Value::Bool(IsAscii(s));
-      if (n == "isprintable") {
-        return Value::Bool(std::all_of(cps.begin(), cps.end(), IsPrintable));
-      }
-      if (n == "islower" || n == "isupper") {
-        bool cased = false;
-        for (char32_t c : cps) {
-          if (n == "islower" ? IsUpperChar(c) : IsLowerChar(c)) return Value::Bool(false);
-          if (IsCased(c) && (n == "islower" ? IsLowerChar(c) : IsUpperChar(c))) cased = true;
-          if (IsCased(c) && !IsLowerChar(c) && !IsUpperChar(c)) return Value::Bool(false);
-        }
-        return Value::Bool(cased);
-      }
-      if (n == "istitle") {
-        bool cased = false, previous_cased = false;
-        for (char32_t c : cps) {
-          if (IsUpperChar(c) || (IsCased(c) && !IsLowerChar(c))) {
-            if (previous_cased) return Value::Bool(false);
-            previous_cased = cased = true;
-          } else if (IsLowerChar(c)) {
-            if (!previous_cased) return Value::Bool(false);
-            previous_cased = cased = true;
-          } else {
-            previous_cased = false;
-          }
-        }
-        return Value::Bool(cased);
-      }
-      if (n == "isidentifier") {
-        if (cps.empty()) return Value::Bool(false);
-        for (size_t i = 0; i < cps.size(); ++i) {
-          const char32_t c = cps[i];
-          const bool ok = c == '_' || IsAlpha(c) || (i > 0 && (IsDecimal(c) || IsDigit(c)));
-          if (!ok) return Value::Bool(false);
-        }
-        return Value::Bool(true);
-      }
-      if (cps.empty()) return Value::Bool(false);
-      for (char32_t c : cps) {
-        bool ok;
-        if (n == "isalnum") {
-          ok = IsAlpha(c) || IsDecimal(c) || IsDigit(c) || IsNumeric(c);
-        } else if (n == "isalpha") {
-          ok = IsAlpha(c);
-        } else if (n == "isdecimal") {
-          ok = IsDecimal(c);
-        } else if (n == "isdigit") {
-          ok = IsDigit(c);
-        } else if (n == "isnumeric") {
-          ok = IsNumeric(c);
-        } else {
-          ok = IsPySpace(c);
-        }
-        if (!ok) return Value::Bool(false);
-      }
-      return Value::Bool(true);
-    }
-    if (n == "ljust" || n == "rjust" || n == "center") {
-      Bound b(name, args, {"width", "fillchar"});
-      if (!b.Has(0)) ThrowTypeError(Cat(name, "() takes at least 1 argument (0 given)"));
-      const int64_t width = RequireInt(*b.Get(0), "width");
-      if (width > static_cast<int64_t>(limits_.max_output_bytes)) StringLimit();
-      char32_t fill = ' ';
-      if (b.Has(1)) {
-        const std::u32string f = DecodeUtf8(RequireStr(*b.Get(1), "fillchar"));
-        if (f.size() != 1) ThrowTypeError("The fill character must be exactly one character long");
-        fill = f[0];
-      }
-      if (n == "center") {
-        const auto len = static_cast<int64_t>(CodePointCount(s));
-        if (width <= len) return self;
-        const int64_t pad = width - len;
-        const int64_t left = pad / 2 + (pad & width & 1);
-        std::string fs;
-        AppendUtf8(&fs, fill);
-        std::string out;
-        for (int64_t i = 0; i < left; ++i) out += fs;
-        out += s;
-        for (int64_t i = 0; i < pad - left; ++i) out += fs;
-        return MakeStr(std::move(out), safe);
-      }
-      return MakeStr(Pad(s, width, fill, n == "ljust" ? '<' : '>'), safe);
-    }
-    if (n == "zfill") {
-      Bound b(name, args, {"width"});
-      if (!b.Has(0)) ThrowTypeError("zfill() takes exactly one argument (0 given)");
-      const int64_t width = RequireInt(*b.Get(0), "width");
-      const auto len = static_cast<int64_t>(CodePointCount(s));
-      if (width <= len) return self;
-      if (width > static_cast<int64_t>(limits_.max_output_bytes)) StringLimit();
-      const size_t sign = !s.empty() && (s[0] == '+' || s[0] == '-') ? 1 : 0;
-      return MakeStr(
-          s.substr(0, sign) + std::string(static_cast<size_t>(width - len), '0') + s.substr(sign),
-          safe);
-    }
-    if (n == "removeprefix" || n == "removesuffix") {
-      Bound b(name, args, {"affix"});
-      if (!b.Has(0)) ThrowTypeError(Cat(name, "() takes exactly one argument (0 given)"));
-      const std::string& a = RequireStr(*b.Get(0), name);
-      if (n == "removeprefix" && s.compare(0, a.size(), a) == 0)
-        return MakeStr(s.substr(a.size()), safe);
-      if (n == "removesuffix" && !a.empty() && s.size() >= a.size() &&
-          s.compare(s.size() - a.size(), a.size(), a) == 0) {
-        return MakeStr(s.substr(0, s.size() - a.size()), safe);
-      }
-      return self;
-    }
-    if (n == "partition" || n == "rpartition") {
-      Bound b(name, args, {"sep"});
-      if (!b.Has(0)) ThrowTypeError(Cat(name, "() takes exactly one argument (0 given)"));
-      const std::string& sep = RequireStr(*b.Get(0), name);
-      if (sep.empty()) ValueError("empty separator");
-      const size_t k = n == "partition" ? s.find(sep) : s.rfind(sep);
-      std::vector<Value> parts;
-      if (k == std::string::npos) {
-        if (n == "partition") {
-          parts = {Value::Str(s, safe), Value::Str("", safe), Value::Str("", safe)};
-        } else {
-          parts = {Value::Str("", safe), Value::Str("", safe), Value::Str(s, safe)};
-        }
-      } else {
-        parts = {Value::Str(s.substr(0, k), safe), Value::Str(sep, safe),
-                 Value::Str(s.substr(k + sep.size()), safe)};
-      }
-      return MakeSeq(SeqKind::kTuple, std::move(parts));
-    }
-    NotSupported(Cat("str.", name, "()"));
-  }
-  if (self.is_dict()) {
-    const DictObj& d = self.dict();
-    if (n == "get") {
-      Bound b(name, args, {"key", "default"});
-      if (!b.Has(0)) ThrowTypeError("get expected at least 1 argument, got 0");
-      if (const Value* v = d.Find(*b.Get(0))) return *v;
-      return b.Has(1) ? *b.Get(1) : Value::None();
-    }
-    if (n == "items" || n == "keys" || n == "values") {
-      Bound b(name, args, {});
-      std::vector<Value> items;
-      items.reserve(d.size());
-      for (const auto& [k, v] : d.entries) {
-        if (n == "items") {
-          items.push_back(Value::Tuple({k, v}));
-        } else {
-          items.push_back(n == "keys" ? k : v);
-        }
-      }
-      return MakeSeq(
-          n == "items" ? SeqKind::kItems : (n == "keys" ? SeqKind::kKeys : SeqKind::kValues),
-          std::move(items));
-    }
-    if (n == "copy") {
-      Bound b(name, args, {});
-      auto copy = std::make_shared<DictObj>(d);
-      Charge(static_cast<int64_t>(d.size()));
-      return Value::Dict(std::move(copy));
-    }
-    NotSupported(Cat("dict.", name, "()"));
-  }
-  if (self.is_seq()) {
-    const auto& items = self.seq().items;
-    if (n == "count") {
-      Bound b(name, args, {"value"});
-      if (!b.Has(0)) ThrowTypeError("count() takes exactly one argument (0 given)");
-      int64_t c = 0;
-      for (const Value& v : items) c += Equal(v, *b.Get(0)) ? 1 : 0;
-      return Value::Int(c);
-    }
-    if (n == "index") {
-      Bound b(name, args, {"value", "start", "stop"});
-      if (!b.Has(0)) ThrowTypeError("index expected at least 1 argument, got 0");
-      size_t lo, hi;
-      Bounds(items.size(), b.Get(1), b.Get(2), &lo, &hi);
-      for (size_t i = lo; i < hi; ++i) {
-        if (Equal(items[i], *b.Get(0))) return Value::Int(static_cast<int64_t>(i));
-      }
-      ValueError(Cat(Repr(*b.Get(0)), " is not in ", PyTypeName(self)));
-    }
-    if (n == "copy") {
-      Bound b(name, args, {});
-      return MakeSeq(SeqKind::kList, items);
-    }
-  }
-  if (self.type() == Type::kLoop) {
-    auto& loop = self.object<LoopObj>();
-    if (n == "cycle") {
-      if (args.pos.empty()) ThrowTypeError("no items for cycling given");
-      return args.pos[static_cast<size_t>(loop.index0) % args.pos.size()];
-    }
-    if (n == "changed") {
-      Value now = Value::Tuple(args.pos);
-      if (!loop.has_changed || !Equal(loop.last_changed, now)) {
-        loop.has_changed = true;
-        loop.last_changed = std::move(now);
-        return Value::Bool(true);
-      }
-      return Value::Bool(false);
-    }
-  }
-  if (self.type() == Type::kCycler) {
-    auto& cycler = self.object<CyclerObj>();
-    Bound b(name, args, {});
-    if (n == "next") {
-      Value v = cycler.items[cycler.pos];
-      cycler.pos = (cycler.pos + 1) % cycler.items.size();
-      return v;
-    }
-    if (n == "reset") {
-      cycler.pos = 0;
-      return Value::None();
-    }
-  }
-  if (self.type() == Type::kFloat && n == "is_integer") {
-    Bound b(name, args, {});
-    const double f = self.float_value();
-    return Value::Bool(std::isfinite(f) && f == std::floor(f));
-  }
+  // A str method's work grows with the str's length, whatever it does.
+  if (self.is_string()) Charge(static_cast<int64_t>(self.str().size() / 16));
+  const MethodEntry* method = FindByName(MethodsOf(self), name);
+  if (method != nullptr && method->fn != nullptr) return method->fn(this, self, name, args);
+  if (self.is_string()) NotSupported(Cat("str.", name, "()"));
+  if (self.is_dict()) NotSupported(Cat("dict.", name, "()"));
   NotSupported(Cat(PyTypeName(self), ".", name, "()"));
 }
 
@@ -1547,25 +1746,10 @@ constexpr std::string_view kTests[] = {
     "==",      "eq",     "equalto",     "!=",       "ne",        ">",      "gt",      "greaterthan",
     "ge",      ">=",     "<",           "lt",       "lessthan",  "<=",     "le"};
 
-constexpr std::string_view kFilters[] = {
-    "abs",       "attr",       "batch",       "capitalize", "center",  "count",
-    "d",         "default",    "dictsort",    "e",          "escape",  "filesizeformat",
-    "first",     "float",      "forceescape", "format",     "groupby", "indent",
-    "int",       "join",       "last",        "length",     "list",    "lower",
-    "items",     "map",        "min",         "max",        "pprint",  "random",
-    "reject",    "rejectattr", "replace",     "reverse",    "round",   "safe",
-    "select",    "selectattr", "slice",       "sort",       "string",  "striptags",
-    "sum",       "title",      "trim",        "truncate",   "unique",  "upper",
-    "urlencode", "urlize",     "wordcount",   "wordwrap",   "xmlattr", "tojson"};
-
 }  // namespace
 
-bool IsKnownFilter(std::string_view name) {
-  return InTable(name, std::begin(kFilters), std::end(kFilters));
-}
-
 bool IsKnownTest(std::string_view name) {
-  return InTable(name, std::begin(kTests), std::end(kTests));
+  return std::find(std::begin(kTests), std::end(kTests), name) != std::end(kTests);
 }
 
 bool Interp::ApplyTest(std::string_view name, const Value& v, const Args& args) {
@@ -1749,21 +1933,694 @@ std::string JinjaTitle(std::string_view s) {
   return EncodeUtf8(out);
 }
 
+// jinja2's filters, one function each (aliases and filters that differ only
+// in a direction share one), in the table below. `name` is the filter's
+// name as the template wrote it: the errors of argument binding name it.
+using FilterFn = Value (*)(Interp* in, std::string_view name, const Value& value, const Args& args);
+
+// transformers' tojson: json.dumps(x, ensure_ascii=False, indent=indent,
+// separators=separators, sort_keys=False).
+Value FilterTojson(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  const Value none = Value::None();
+  Bound b(name, args, {"ensure_ascii", "indent", "separators", "sort_keys"});
+  JsonOptions o;
+  o.ensure_ascii = b.Has(0) && Truthy(*b.Get(0));
+  o.sort_keys = b.Has(3) && Truthy(*b.Get(3));
+  const Value& indent = b.Or(1, none);
+  if (!indent.is_none()) {
+    o.has_indent = true;
+    if (indent.is_string()) {
+      o.indent = indent.str();
+    } else if (indent.is_intlike()) {
+      const int64_t k = indent.int_value();
+      if (k > 1000) in->StringLimit();
+      o.indent = std::string(static_cast<size_t>(std::max<int64_t>(0, k)), ' ');
+    } else {
+      ThrowTypeError(Cat("can't multiply sequence by non-int of type '", PyTypeName(indent), "'"));
+    }
+    o.item_separator = ",";
+  }
+  const Value& seps = b.Or(2, none);
+  if (!seps.is_none()) {
+    const std::vector<Value> parts = Iterate(seps);
+    if (parts.size() != 2) {
+      ValueError(Cat("too many values to unpack (expected 2)"));
+    }
+    o.item_separator = RequireStr(parts[0], "separator");
+    o.key_separator = RequireStr(parts[1], "separator");
+  }
+  std::string out;
+  AppendJson(&out, value, o);
+  return in->MakeStr(std::move(out));
+}
+
+Value FilterTrim(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {"chars"});
+  const Value s = SoftStr(in, value);
+  size_t begin = 0;
+  std::string kept = Strip(s.str(), b.Get(0), 0, &begin);
+  return in->Substr(s, begin, std::move(kept));
+}
+
+// length, count.
+Value FilterLength(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {});
+  return Value::Int(Len(value));
+}
+
+// default, d.
+Value FilterDefault(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {"default_value", "boolean"});
+  const bool boolean = b.Has(1) && Truthy(*b.Get(1));
+  if (value.is_undefined() || (boolean && !Truthy(value))) {
+    return b.Has(0) ? *b.Get(0) : Value::Str("");
+  }
+  return value;
+}
+
+Value FilterString(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {});
+  return SoftStr(in, value);
+}
+
+// upper, lower, capitalize: `kConvert` of str(value), as safe as it was.
+template <std::string (*kConvert)(std::string_view)>
+Value FilterConvert(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {});
+  const Value s = SoftStr(in, value);
+  return in->MakeStr(kConvert(s.str()), s.safe());
+}
+
+Value FilterTitle(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {});
+  const Value s = SoftStr(in, value);
+  return in->MakeStr(JinjaTitle(s.str()));
+}
+
+Value FilterSafe(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {});
+  if (value.is_string()) return Value::Str(value.str(), true);
+  return in->MakeStr(ToStr(value), true);
+}
+
+// escape, e: a safe str stays as it is.
+Value FilterEscape(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {});
+  if (value.is_string() && value.safe()) return value;
+  return in->MakeStr(HtmlEscape(ToStr(value)), true);
+}
+
+Value FilterForceescape(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {});
+  return in->MakeStr(HtmlEscape(ToStr(value)), true);
+}
+
+Value FilterReplace(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  const Value none = Value::None();
+  Bound b(name, args, {"old", "new", "count"});
+  if (!b.Has(1)) ThrowTypeError("do_replace() missing required arguments 'old' and 'new'");
+  const Value& count = b.Or(2, none);
+  // ToStr(undefined) is "", as str(Undefined) is.
+  return in->MakeStr(Replace(ToStr(value), ToStr(*b.Get(0)), ToStr(*b.Get(1)),
+                             count.is_none() ? -1 : RequireInt(count, "count"),
+                             in->limits().max_output_bytes));
+}
+
+Value FilterJoin(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  const Value none = Value::None();
+  Bound b(name, args, {"d", "attribute"});
+  const std::string sep = b.Has(0) ? ToStr(*b.Get(0)) : "";
+  const Value& attribute = b.Or(1, none);
+  std::string out;
+  bool first = true;
+  for (const Value& item : Iterate(value)) {
+    if (!first) out += sep;
+    first = false;
+    AppendStr(&out, attribute.is_none() ? item : in->AttrPath(item, attribute));
+    if (out.size() > in->limits().max_output_bytes) in->MakeStr(std::move(out));  // throws
+  }
+  return in->MakeStr(std::move(out));
+}
+
+Value FilterFirst(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {});
+  if (value.is_seq() || value.is_string() || value.is_dict() || value.is_undefined()) {
+    std::vector<Value> items = Iterate(value);
+    if (items.empty()) return Value::Undefined("No first item, sequence was empty.");
+    return items.front();
+  }
+  ThrowTypeError(Cat("'", PyTypeName(value), "' object is not iterable"));
+}
+
+Value FilterLast(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {});
+  if (value.is_seq() &&
+      (value.seq_kind() == SeqKind::kGenerator || value.seq_kind() == SeqKind::kReversed)) {
+    ThrowTypeError(Cat("'", PyTypeName(value), "' object is not reversible"));
+  }
+  if (value.is_seq() || value.is_string() || value.is_dict() || value.is_undefined()) {
+    std::vector<Value> items = Iterate(value);
+    if (items.empty()) return Value::Undefined("No last item, sequence was empty.");
+    return items.back();
+  }
+  ThrowTypeError(Cat("'", PyTypeName(value), "' object is not reversible"));
+}
+
+Value FilterList(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {});
+  return in->MakeSeq(SeqKind::kList, Iterate(value));
+}
+
+Value FilterItems(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {});
+  if (value.is_undefined()) return in->MakeSeq(SeqKind::kGenerator, {});
+  if (!value.is_dict()) ThrowTypeError("Can only get item pairs from a mapping.");
+  std::vector<Value> items;
+  for (const auto& [k, v] : value.dict().entries) items.push_back(Value::Tuple({k, v}));
+  return in->MakeSeq(SeqKind::kGenerator, std::move(items));
+}
+
+// map(attribute=..., default=...): each item's attribute; map(filter, ...):
+// the filter applied to each item.
+Value FilterMap(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  std::vector<Value> out;
+  if (!Truthy(value)) return in->MakeSeq(SeqKind::kGenerator, {});
+  if (args.pos.empty() && args.Kw("attribute") != nullptr) {
+    const Value* attribute = nullptr;
+    const Value* dflt = nullptr;
+    for (const auto& [k, v] : args.kw) {
+      if (k == "attribute") {
+        attribute = &v;
+      } else if (k == "default") {
+        dflt = &v;
+      } else {
+        FilterArgumentError(Cat("Unexpected keyword argument ", ReprString(k)));
+      }
+    }
+    for (const Value& item : Iterate(value)) {
+      in->Step();
+      Value v = in->AttrPath(item, *attribute);
+      if (dflt != nullptr && !dflt->is_none() && v.is_undefined()) v = *dflt;
+      out.push_back(std::move(v));
+    }
+    return in->MakeSeq(SeqKind::kGenerator, std::move(out));
+  }
+  if (args.pos.empty()) FilterArgumentError("map requires a filter argument");
+  const std::string filter = ToStr(args.pos[0]);
+  Args rest;
+  rest.pos.assign(args.pos.begin() + 1, args.pos.end());
+  rest.kw = args.kw;
+  for (const Value& item : Iterate(value)) {
+    in->Step();
+    out.push_back(in->ApplyFilter(filter, item, rest));
+  }
+  return in->MakeSeq(SeqKind::kGenerator, std::move(out));
+}
+
+// select, reject, selectattr, rejectattr.
+Value FilterSelect(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  return in->MakeSeq(SeqKind::kGenerator,
+                     SelectOrReject(in, value, args, name == "select" || name == "selectattr",
+                                    name == "selectattr" || name == "rejectattr"));
+}
+
+Value FilterInt(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {"default", "base"});
+  const Value dflt = b.Has(0) ? *b.Get(0) : Value::Int(0);
+  const int64_t base = b.Has(1) ? RequireInt(*b.Get(1), "base") : 10;
+  if (value.is_undefined()) Interp::ThrowUndefined(value);
+  if (value.is_intlike()) return Value::Int(value.int_value());
+  if (value.type() == Type::kFloat) {
+    if (!std::isfinite(value.float_value())) return dflt;
+    return Value::Int(TruncToInt(value.float_value()));
+  }
+  if (value.is_string()) {
+    int64_t v;
+    if (ParsePyInt(value.str(), static_cast<int>(base), &v)) return Value::Int(v);
+    double f;
+    if (ParsePyFloat(value.str(), &f) && std::isfinite(f)) return Value::Int(TruncToInt(f));
+  }
+  return dflt;
+}
+
+Value FilterFloat(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {"default"});
+  const Value dflt = b.Has(0) ? *b.Get(0) : Value::Float(0.0);
+  if (value.is_undefined()) Interp::ThrowUndefined(value);
+  if (value.is_number()) return Value::Float(value.float_value());
+  double f;
+  if (value.is_string() && ParsePyFloat(value.str(), &f)) return Value::Float(f);
+  return dflt;
+}
+
+Value FilterAbs(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {});
+  if (value.is_intlike()) {
+    if (value.int_value() == std::numeric_limits<int64_t>::min()) {
+      ThrowRuntime("OverflowError", "integer out of the 64-bit range of chat templates");
+    }
+    return Value::Int(std::abs(value.int_value()));
+  }
+  if (value.type() == Type::kFloat) return Value::Float(std::fabs(value.float_value()));
+  ThrowTypeError(Cat("bad operand type for abs(): '", PyTypeName(value), "'"));
+}
+
+// Python's round(x, precision) of an int: to the nearest multiple of
+// 10**-precision, halves to the even one.
+int64_t RoundInt(int64_t x, int64_t precision) {
+  if (precision >= 0) return x;
+  if (precision < -18) return 0;
+  int64_t p = 1;
+  for (int64_t i = 0; i < -precision; ++i) p *= 10;
+  int64_t q = x / p, r = x % p;
+  if (r < 0) {
+    r += p;
+    --q;
+  }
+  if (2 * r > p || (2 * r == p && (q & 1))) ++q;
+  return q * p;
+}
+
+Value FilterRound(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {"precision", "method"});
+  const int64_t precision = b.Has(0) ? RequireInt(*b.Get(0), "precision") : 0;
+  const std::string method = b.Has(1) ? ToStr(*b.Get(1)) : "common";
+  if (method != "common" && method != "ceil" && method != "floor") {
+    FilterArgumentError("method must be common, ceil or floor");
+  }
+  if (!value.is_number()) {
+    ThrowTypeError(Cat("type ", PyTypeName(value), " doesn't define __round__ method"));
+  }
+  if (method == "common") {
+    if (value.is_intlike()) return Value::Int(RoundInt(value.int_value(), precision));
+    return Value::Float(PyRound(value.float_value(), precision));
+  }
+  const double scale = std::pow(10.0, static_cast<double>(precision));
+  const double x = value.float_value() * scale;
+  return Value::Float((method == "ceil" ? std::ceil(x) : std::floor(x)) / scale);
+}
+
+Value FilterIndent(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {"width", "first", "blank"});
+  if (value.is_undefined()) Interp::ThrowUndefined(value);
+  if (!value.is_string()) {
+    // do_indent's `s += "\n"` then `s.splitlines()`: a list takes the +=.
+    if (value.is_seq() && value.seq_kind() == SeqKind::kList) {
+      ThrowRuntime("AttributeError", "'list' object has no attribute 'splitlines'");
+    }
+    ThrowTypeError(Cat("unsupported operand type(s) for +=: '", PyTypeName(value), "' and 'str'"));
+  }
+  std::string indention;
+  const Value width = b.Or(0, Value::Int(4));
+  if (width.is_string()) {
+    indention = width.str();
+  } else {
+    const int64_t w = RequireInt(width, "width");
+    if (w > 1000) in->StringLimit();
+    indention = std::string(static_cast<size_t>(std::max<int64_t>(0, w)), ' ');
+  }
+  const bool first = b.Has(1) && Truthy(*b.Get(1));
+  const bool blank = b.Has(2) && Truthy(*b.Get(2));
+  std::vector<std::string> lines = SplitLines(value.str() + "\n", false);
+  const size_t limit = in->limits().max_output_bytes;
+  std::string rv;
+  if (blank) {
+    for (size_t i = 0; i < lines.size(); ++i) {
+      if (i > 0) rv += "\n" + indention;
+      rv += lines[i];
+      if (rv.size() > limit) in->MakeStr(std::move(rv));  // throws
+    }
+  } else {
+    rv = lines.empty() ? "" : lines[0];
+    for (size_t i = 1; i < lines.size(); ++i) {
+      rv += "\n";
+      if (!lines[i].empty()) rv += indention;
+      rv += lines[i];
+      if (rv.size() > limit) in->MakeStr(std::move(rv));  // throws
+    }
+  }
+  if (first) rv = indention + rv;
+  return in->MakeStr(std::move(rv), value.safe());
+}
+
+Value FilterReverse(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {});
+  if (!value.is_string() && !value.is_seq() && !value.is_dict() && !value.is_undefined()) {
+    FilterArgumentError("argument must be iterable");
+  }
+  if (value.is_string()) {
+    std::u32string cps = DecodeUtf8(value.str());
+    std::reverse(cps.begin(), cps.end());
+    return in->MakeStr(EncodeUtf8(cps), value.safe());
+  }
+  std::vector<Value> items;
+  try {
+    items = Iterate(value);
+  } catch (const Error& e) {
+    // A generator that fails as list() reads it: do_reverse's TypeError.
+    if (e.kind == Error::Kind::kRuntime && e.message.rfind("TypeError", 0) == 0) {
+      FilterArgumentError("argument must be iterable");
+    }
+    throw;
+  }
+  std::reverse(items.begin(), items.end());
+  const bool iterator = value.is_undefined() || value.is_dict() ||
+                        (value.is_seq() && value.seq_kind() != SeqKind::kGenerator &&
+                         value.seq_kind() != SeqKind::kReversed);
+  return in->MakeSeq(iterator ? SeqKind::kReversed : SeqKind::kList, std::move(items));
+}
+
+Value FilterSort(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  const Value none = Value::None();
+  Bound b(name, args, {"reverse", "case_sensitive", "attribute"});
+  const bool reverse = b.Has(0) && Truthy(*b.Get(0));
+  const bool case_sensitive = b.Has(1) && Truthy(*b.Get(1));
+  const Value& attribute = b.Or(2, none);
+  std::vector<Value> items = Iterate(value);
+  std::vector<std::pair<Value, size_t>> keyed;
+  keyed.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    keyed.emplace_back(SortKey(in, items[i], attribute, case_sensitive, true), i);
+  }
+  in->Charge(static_cast<int64_t>(items.size()) * 4);
+  std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& x, const auto& y) {
+    return reverse ? Less(y.first, x.first) : Less(x.first, y.first);
+  });
+  std::vector<Value> out;
+  out.reserve(items.size());
+  for (const auto& [k, i] : keyed) out.push_back(items[i]);
+  return in->MakeSeq(SeqKind::kList, std::move(out));
+}
+
+Value FilterDictsort(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {"case_sensitive", "by", "reverse"});
+  const bool case_sensitive = b.Has(0) && Truthy(*b.Get(0));
+  const std::string by = b.Has(1) ? ToStr(*b.Get(1)) : "key";
+  const bool reverse = b.Has(2) && Truthy(*b.Get(2));
+  if (by != "key" && by != "value")
+    FilterArgumentError("You can only sort by either \"key\" or \"value\"");
+  if (value.is_undefined()) Interp::ThrowUndefined(value);
+  if (!value.is_dict()) {
+    ThrowRuntime("AttributeError",
+                 Cat("'", PyTypeName(value), "' object has no attribute 'items'"));
+  }
+  std::vector<std::pair<Value, Value>> entries = value.dict().entries;
+  const size_t pos = by == "key" ? 0 : 1;
+  auto key = [&](const std::pair<Value, Value>& e) {
+    const Value& k = pos == 0 ? e.first : e.second;
+    return case_sensitive ? k : IgnoreCase(k);
+  };
+  in->Charge(static_cast<int64_t>(entries.size()) * 4);
+  std::stable_sort(entries.begin(), entries.end(), [&](const auto& x, const auto& y) {
+    return reverse ? Less(key(y), key(x)) : Less(key(x), key(y));
+  });
+  std::vector<Value> out;
+  for (auto& [k, v] : entries) out.push_back(Value::Tuple({k, v}));
+  return in->MakeSeq(SeqKind::kList, std::move(out));
+}
+
+Value FilterUnique(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  const Value none = Value::None();
+  Bound b(name, args, {"case_sensitive", "attribute"});
+  const bool case_sensitive = b.Has(0) && Truthy(*b.Get(0));
+  const Value& attribute = b.Or(1, none);
+  std::vector<Value> out;
+  std::vector<Value> seen;
+  absl::flat_hash_map<size_t, std::vector<size_t>> index;
+  for (const Value& item : Iterate(value)) {
+    in->Step();
+    const Value key = SortKey(in, item, attribute, case_sensitive, false);
+    const size_t h = Hash(key);
+    auto& bucket = index[h];
+    bool dup = false;
+    for (size_t i : bucket) dup = dup || Equal(seen[i], key);
+    if (dup) continue;
+    bucket.push_back(seen.size());
+    seen.push_back(key);
+    out.push_back(item);
+  }
+  return in->MakeSeq(SeqKind::kGenerator, std::move(out));
+}
+
+// min, max.
+Value FilterMinMax(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  const Value none = Value::None();
+  Bound b(name, args, {"case_sensitive", "attribute"});
+  const bool case_sensitive = b.Has(0) && Truthy(*b.Get(0));
+  const Value& attribute = b.Or(1, none);
+  const std::vector<Value> items = Iterate(value);
+  if (items.empty()) return Value::Undefined("No aggregated item, sequence was empty.");
+  size_t best = 0;
+  Value best_key = SortKey(in, items[0], attribute, case_sensitive, false);
+  for (size_t i = 1; i < items.size(); ++i) {
+    Value k = SortKey(in, items[i], attribute, case_sensitive, false);
+    if (name == "min" ? Less(k, best_key) : Less(best_key, k)) {
+      best = i;
+      best_key = std::move(k);
+    }
+  }
+  return items[best];
+}
+
+Value FilterSum(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  const Value none = Value::None();
+  Bound b(name, args, {"attribute", "start"});
+  const Value& attribute = b.Or(0, none);
+  Value rv = b.Has(1) ? *b.Get(1) : Value::Int(0);
+  for (const Value& item : Iterate(value)) {
+    in->Step();
+    rv = in->Arith(BinOp::kAdd, rv, attribute.is_none() ? item : in->AttrPath(item, attribute));
+  }
+  return rv;
+}
+
+Value FilterBatch(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  const Value none = Value::None();
+  Bound b(name, args, {"linecount", "fill_with"});
+  if (!b.Has(0)) ThrowTypeError("do_batch() missing 1 required positional argument: 'linecount'");
+  const int64_t count = RequireInt(*b.Get(0), "linecount");
+  const Value& fill = b.Or(1, none);
+  std::vector<Value> out, tmp;
+  for (const Value& item : Iterate(value)) {
+    if (static_cast<int64_t>(tmp.size()) == count) {
+      out.push_back(Value::List(std::move(tmp)));
+      tmp.clear();
+    }
+    tmp.push_back(item);
+  }
+  if (!tmp.empty()) {
+    if (!fill.is_none()) {
+      while (static_cast<int64_t>(tmp.size()) < count) {
+        in->Step();
+        tmp.push_back(fill);
+      }
+    }
+    out.push_back(Value::List(std::move(tmp)));
+  }
+  return in->MakeSeq(SeqKind::kGenerator, std::move(out));
+}
+
+Value FilterSlice(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  const Value none = Value::None();
+  Bound b(name, args, {"slices", "fill_with"});
+  if (!b.Has(0)) ThrowTypeError("do_slice() missing 1 required positional argument: 'slices'");
+  const int64_t slices = RequireInt(*b.Get(0), "slices");
+  if (slices > 100000) in->StepLimit();
+  const Value& fill = b.Or(1, none);
+  const std::vector<Value> seq = Iterate(value);
+  const auto length = static_cast<int64_t>(seq.size());
+  if (slices <= 0) {
+    if (slices == 0) ThrowRuntime("ZeroDivisionError", "integer division or modulo by zero");
+    return in->MakeSeq(SeqKind::kGenerator, {});
+  }
+  const int64_t per = length / slices, extra = length % slices;
+  int64_t offset = 0;
+  std::vector<Value> out;
+  for (int64_t k = 0; k < slices; ++k) {
+    in->Step();
+    const int64_t start = offset + k * per;
+    if (k < extra) ++offset;
+    const int64_t end = offset + (k + 1) * per;
+    std::vector<Value> tmp(seq.begin() + start, seq.begin() + end);
+    if (!fill.is_none() && k >= extra) tmp.push_back(fill);
+    out.push_back(Value::List(std::move(tmp)));
+  }
+  return in->MakeSeq(SeqKind::kGenerator, std::move(out));
+}
+
+Value FilterCenter(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {"width"});
+  Args a;
+  a.pos.push_back(b.Has(0) ? *b.Get(0) : Value::Int(80));
+  return in->CallMethod(SoftStr(in, value), "center", a);
+}
+
+// format: str(value) % args, args positional or keyword.
+Value FilterFormat(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  if (!args.pos.empty() && !args.kw.empty()) {
+    FilterArgumentError("can't handle positional and keyword arguments at the same time");
+  }
+  Value fargs;
+  if (!args.kw.empty()) {
+    auto d = std::make_shared<DictObj>();
+    for (const auto& [k, v] : args.kw) d->Set(Value::Str(k), v);
+    fargs = Value::Dict(std::move(d));
+  } else {
+    fargs = Value::Tuple(args.pos);
+  }
+  const Value s = SoftStr(in, value);
+  return in->MakeStr(PercentFormat(in, s.str(), fargs), s.safe());
+}
+
+Value FilterAttr(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {"name"});
+  if (!b.Has(0)) ThrowTypeError("do_attr() missing 1 required positional argument: 'name'");
+  if (value.is_undefined()) Interp::ThrowUndefined(value);
+  const std::string attr = ToStr(*b.Get(0));
+  if (auto v = in->PyAttr(value, attr)) return *v;
+  return Value::Undefined(
+      Cat(ReprString(ObjectTypeRepr(value)), " has no attribute ", ReprString(attr)));
+}
+
+Value FilterWordcount(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {});
+  const Value s = SoftStr(in, value);
+  int64_t count = 0;
+  bool in_word = false;
+  size_t pos = 0;
+  while (pos < s.str().size()) {
+    const char32_t c = DecodeUtf8At(s.str(), &pos);
+    const bool w = c == '_' || IsAlnum(c);
+    if (w && !in_word) ++count;
+    in_word = w;
+  }
+  return Value::Int(count);
+}
+
+Value FilterTruncate(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {"length", "killwords", "end", "leeway"});
+  const int64_t length = b.Has(0) ? RequireInt(*b.Get(0), "length") : 255;
+  const bool killwords = b.Has(1) && Truthy(*b.Get(1));
+  const std::string end = b.Has(2) ? ToStr(*b.Get(2)) : "...";
+  const int64_t leeway = b.Has(3) && !b.Get(3)->is_none() ? RequireInt(*b.Get(3), "leeway") : 5;
+  const auto end_len = static_cast<int64_t>(CodePointCount(end));
+  if (length < end_len)
+    ThrowRuntime("AssertionError", Cat("expected length >= ", end_len, ", got ", length));
+  if (leeway < 0) ThrowRuntime("AssertionError", Cat("expected leeway >= 0, got ", leeway));
+  if (Len(value) <= length + leeway) return value;
+  const std::u32string cps = DecodeUtf8(RequireStr(value, "truncate"));
+  const std::string head =
+      EncodeUtf8(std::u32string_view(cps).substr(0, static_cast<size_t>(length - end_len)));
+  if (killwords) return in->MakeStr(head + end);
+  const size_t space = head.rfind(' ');
+  return in->MakeStr((space == std::string::npos ? head : head.substr(0, space)) + end);
+}
+
+Value FilterPprint(Interp* in, std::string_view name, const Value& value, const Args& args) {
+  Bound b(name, args, {});
+  return in->MakeStr(Repr(value));
+}
+
+// What ApplyFilter does around a filter besides calling it.
+enum FilterTraits : int {
+  // jinja2 runs it only when its result is iterated (it is a generator): its
+  // failure waits until then.
+  kGenerator = 1,
+  // It takes jinja2's context, so jinja2 never folds it into a constant.
+  kContextual = 2,
+};
+
+struct FilterEntry {
+  std::string_view name;
+  FilterFn fn;  // null: a jinja2 filter chat templates cannot use
+  int traits = 0;
+};
+
+// Every jinja2 filter, sorted by name: the parser refuses the names not here
+// (IsKnownFilter), as jinja2 does when it compiles a template.
+constexpr FilterEntry kFilters[] = {
+    {"abs", FilterAbs},
+    {"attr", FilterAttr},
+    {"batch", FilterBatch, kGenerator},
+    {"capitalize", FilterConvert<PyCapitalize>},
+    {"center", FilterCenter},
+    {"count", FilterLength},
+    {"d", FilterDefault},
+    {"default", FilterDefault},
+    {"dictsort", FilterDictsort},
+    {"e", FilterEscape},
+    {"escape", FilterEscape},
+    {"filesizeformat", nullptr},
+    {"first", FilterFirst},
+    {"float", FilterFloat},
+    {"forceescape", FilterForceescape},
+    {"format", FilterFormat},
+    {"groupby", nullptr},
+    {"indent", FilterIndent},
+    {"int", FilterInt},
+    {"items", FilterItems, kGenerator},
+    {"join", FilterJoin},
+    {"last", FilterLast},
+    {"length", FilterLength},
+    {"list", FilterList},
+    {"lower", FilterConvert<PyLower>},
+    {"map", FilterMap, kGenerator | kContextual},
+    {"max", FilterMinMax},
+    {"min", FilterMinMax},
+    {"pprint", FilterPprint},
+    {"random", nullptr, kContextual},
+    {"reject", FilterSelect, kGenerator | kContextual},
+    {"rejectattr", FilterSelect, kGenerator | kContextual},
+    {"replace", FilterReplace},
+    {"reverse", FilterReverse},
+    {"round", FilterRound},
+    {"safe", FilterSafe},
+    {"select", FilterSelect, kGenerator | kContextual},
+    {"selectattr", FilterSelect, kGenerator | kContextual},
+    {"slice", FilterSlice, kGenerator},
+    {"sort", FilterSort},
+    {"string", FilterString},
+    {"striptags", nullptr},
+    {"sum", FilterSum},
+    {"title", FilterTitle},
+    {"tojson", FilterTojson},
+    {"trim", FilterTrim},
+    {"truncate", FilterTruncate},
+    {"unique", FilterUnique, kGenerator},
+    {"upper", FilterConvert<PyUpper>},
+    {"urlencode", nullptr},
+    {"urlize", nullptr},
+    {"wordcount", FilterWordcount},
+    {"wordwrap", nullptr},
+    {"xmlattr", nullptr},
+};
+static_assert(StrictlySortedByName(kFilters));
+
+// Calls `filter` (the entry named `name`, or null for a name jinja2 does not
+// know).
+Value RunFilter(Interp* in, const FilterEntry* filter, std::string_view name, const Value& value,
+                const Args& args) {
+  if (filter == nullptr) {
+    ThrowRuntime("TemplateRuntimeError", Cat("No filter named ", ReprString(name), "."));
+  }
+  if (filter->fn == nullptr) NotSupported(Cat("the '", name, "' filter"));
+  return filter->fn(in, name, value, args);
+}
+
 }  // namespace
 
+bool IsKnownFilter(std::string_view name) { return FindByName(kFilters, name) != nullptr; }
+
 Value Interp::ApplyFilter(std::string_view name, const Value& value, const Args& args) {
-  if (const_mode_ &&
-      OneOf({"map", "select", "reject", "selectattr", "rejectattr", "random"}, name)) {
-    NotConstant();  // jinja2 does not fold filters that take the context
-  }
+  const FilterEntry* filter = FindByName(kFilters, name);
+  const int traits = filter != nullptr ? filter->traits : 0;
+  if (const_mode_ && (traits & kContextual)) NotConstant();
   // jinja2's generator filters run only when their result is iterated: a
   // failure becomes the generator's deferred error (a template that only
   // tests the generator's truth, always true, never sees it).
-  if (OneOf({"items", "map", "select", "reject", "selectattr", "rejectattr", "unique", "batch",
-             "slice"},
-            name)) {
+  if (traits & kGenerator) {
     try {
-      return ApplyFilterNow(name, value, args);
+      return RunFilter(this, filter, name, value, args);
     } catch (Error& e) {
       if (e.kind != Error::Kind::kRuntime) throw;
       if (e.line == 0) e.line = line_;
@@ -1773,538 +2630,7 @@ Value Interp::ApplyFilter(std::string_view name, const Value& value, const Args&
       return v;
     }
   }
-  return ApplyFilterNow(name, value, args);
-}
-
-Value Interp::ApplyFilterNow(std::string_view name, const Value& value, const Args& args) {
-  if (!IsKnownFilter(name)) {
-    ThrowRuntime("TemplateRuntimeError", Cat("No filter named ", ReprString(name), "."));
-  }
-  const std::string fname(name);
-  const Value none = Value::None();
-
-  if (name == "tojson") {
-    // transformers: json.dumps(x, ensure_ascii=False, indent=indent,
-    // separators=separators, sort_keys=False).
-    Bound b(fname, args, {"ensure_ascii", "indent", "separators", "sort_keys"});
-    JsonOptions o;
-    o.ensure_ascii = b.Has(0) && Truthy(*b.Get(0));
-    o.sort_keys = b.Has(3) && Truthy(*b.Get(3));
-    const Value& indent = b.Or(1, none);
-    if (!indent.is_none()) {
-      o.has_indent = true;
-      if (indent.is_string()) {
-        o.indent = indent.str();
-      } else if (indent.is_intlike()) {
-        const int64_t k = indent.int_value();
-        if (k > 1000) StringLimit();
-        o.indent = std::string(static_cast<size_t>(std::max<int64_t>(0, k)), ' ');
-      } else {
-        ThrowTypeError(
-            Cat("can't multiply sequence by non-int of type '", PyTypeName(indent), "'"));
-      }
-      o.item_separator = ",";
-    }
-    const Value& seps = b.Or(2, none);
-    if (!seps.is_none()) {
-      const std::vector<Value> parts = Iterate(seps);
-      if (parts.size() != 2) {
-        ValueError(Cat("too many values to unpack (expected 2)"));
-      }
-      o.item_separator = RequireStr(parts[0], "separator");
-      o.key_separator = RequireStr(parts[1], "separator");
-    }
-    std::string out;
-    AppendJson(&out, value, o);
-    return MakeStr(std::move(out));
-  }
-  if (name == "trim") {
-    Bound b(fname, args, {"chars"});
-    const Value s = SoftStr(this, value);
-    size_t begin = 0;
-    std::string kept = Strip(s.str(), b.Get(0), 0, &begin);
-    return Substr(s, begin, std::move(kept));
-  }
-  if (name == "length" || name == "count") {
-    Bound b(fname, args, {});
-    return Value::Int(Len(value));
-  }
-  if (name == "default" || name == "d") {
-    Bound b(fname, args, {"default_value", "boolean"});
-    const bool boolean = b.Has(1) && Truthy(*b.Get(1));
-    if (value.is_undefined() || (boolean && !Truthy(value))) {
-      return b.Has(0) ? *b.Get(0) : Value::Str("");
-    }
-    return value;
-  }
-  if (name == "string") {
-    Bound b(fname, args, {});
-    return SoftStr(this, value);
-  }
-  if (name == "upper" || name == "lower" || name == "capitalize" || name == "title") {
-    Bound b(fname, args, {});
-    const Value s = SoftStr(this, value);
-    if (name == "upper") return MakeStr(PyUpper(s.str()), s.safe());
-    if (name == "lower") return MakeStr(PyLower(s.str()), s.safe());
-    if (name == "capitalize") return MakeStr(PyCapitalize(s.str()), s.safe());
-    return MakeStr(JinjaTitle(s.str()));
-  }
-  if (name == "safe") {
-    Bound b(fname, args, {});
-    if (value.is_string()) return Value::Str(value.str(), true);
-    return MakeStr(ToStr(value), true);
-  }
-  if (name == "e" || name == "escape" || name == "forceescape") {
-    Bound b(fname, args, {});
-    if (name != "forceescape" && value.is_string() && value.safe()) return value;
-    return MakeStr(HtmlEscape(ToStr(value)), true);
-  }
-  if (name == "replace") {
-    Bound b(fname, args, {"old", "new", "count"});
-    if (!b.Has(1)) ThrowTypeError("do_replace() missing required arguments 'old' and 'new'");
-    if (value.is_undefined() && !value.undefined_unsafe()) {
-      // str(Undefined) is "".
-    }
-    const Value& count = b.Or(2, none);
-    return MakeStr(Replace(ToStr(value), ToStr(*b.Get(0)), ToStr(*b.Get(1)),
-                           count.is_none() ? -1 : RequireInt(count, "count"),
-                           limits_.max_output_bytes));
-  }
-  if (name == "join") {
-    Bound b(fname, args, {"d", "attribute"});
-    const std::string sep = b.Has(0) ? ToStr(*b.Get(0)) : "";
-    const Value& attribute = b.Or(1, none);
-    std::string out;
-    bool first = true;
-    for (const Value& item : Iterate(value)) {
-      if (!first) out += sep;
-      first = false;
-      AppendStr(&out, attribute.is_none() ? item : AttrPath(item, attribute));
-      if (out.size() > limits_.max_output_bytes) MakeStr(std::move(out));  // throws
-    }
-    return MakeStr(std::move(out));
-  }
-  if (name == "first") {
-    Bound b(fname, args, {});
-    if (value.is_seq() || value.is_string() || value.is_dict() || value.is_undefined()) {
-      std::vector<Value> items = Iterate(value);
-      if (items.empty()) return Value::Undefined("No first item, sequence was empty.");
-      return items.front();
-    }
-    ThrowTypeError(Cat("'", PyTypeName(value), "' object is not iterable"));
-  }
-  if (name == "last") {
-    Bound b(fname, args, {});
-    if (value.is_seq() &&
-        (value.seq_kind() == SeqKind::kGenerator || value.seq_kind() == SeqKind::kReversed)) {
-      ThrowTypeError(Cat("'", PyTypeName(value), "' object is not reversible"));
-    }
-    if (value.is_seq() || value.is_string() || value.is_dict() || value.is_undefined()) {
-      std::vector<Value> items = Iterate(value);
-      if (items.empty()) return Value::Undefined("No last item, sequence was empty.");
-      return items.back();
-    }
-    ThrowTypeError(Cat("'", PyTypeName(value), "' object is not reversible"));
-  }
-  if (name == "list") {
-    Bound b(fname, args, {});
-    return MakeSeq(SeqKind::kList, Iterate(value));
-  }
-  if (name == "items") {
-    Bound b(fname, args, {});
-    if (value.is_undefined()) return MakeSeq(SeqKind::kGenerator, {});
-    if (!value.is_dict()) ThrowTypeError("Can only get item pairs from a mapping.");
-    std::vector<Value> items;
-    for (const auto& [k, v] : value.dict().entries) items.push_back(Value::Tuple({k, v}));
-    return MakeSeq(SeqKind::kGenerator, std::move(items));
-  }
-  if (name == "map") {
-    std::vector<Value> out;
-    if (!Truthy(value)) return MakeSeq(SeqKind::kGenerator, {});
-    if (args.pos.empty() && args.Kw("attribute") != nullptr) {
-      const Value* attribute = nullptr;
-      const Value* dflt = nullptr;
-      for (const auto& [k, v] : args.kw) {
-        if (k == "attribute") {
-          attribute = &v;
-        } else if (k == "default") {
-          dflt = &v;
-        } else {
-          FilterArgumentError(Cat("Unexpected keyword argument ", ReprString(k)));
-        }
-      }
-      for (const Value& item : Iterate(value)) {
-        Step();
-        Value v = AttrPath(item, *attribute);
-        if (dflt != nullptr && !dflt->is_none() && v.is_undefined()) v = *dflt;
-        out.push_back(std::move(v));
-      }
-      return MakeSeq(SeqKind::kGenerator, std::move(out));
-    }
-    if (args.pos.empty()) FilterArgumentError("map requires a filter argument");
-    const std::string filter = ToStr(args.pos[0]);
-    Args rest;
-    rest.pos.assign(args.pos.begin() + 1, args.pos.end());
-    rest.kw = args.kw;
-    for (const Value& item : Iterate(value)) {
-      Step();
-      out.push_back(ApplyFilter(filter, item, rest));
-    }
-    return MakeSeq(SeqKind::kGenerator, std::move(out));
-  }
-  if (name == "select" || name == "reject" || name == "selectattr" || name == "rejectattr") {
-    return MakeSeq(SeqKind::kGenerator,
-                   SelectOrReject(this, value, args, name == "select" || name == "selectattr",
-                                  name == "selectattr" || name == "rejectattr"));
-  }
-  if (name == "int") {
-    Bound b(fname, args, {"default", "base"});
-    const Value dflt = b.Has(0) ? *b.Get(0) : Value::Int(0);
-    const int64_t base = b.Has(1) ? RequireInt(*b.Get(1), "base") : 10;
-    if (value.is_undefined()) ThrowUndefined(value);
-    if (value.is_intlike()) return Value::Int(value.int_value());
-    if (value.type() == Type::kFloat) {
-      if (!std::isfinite(value.float_value())) return dflt;
-      return Value::Int(TruncToInt(value.float_value()));
-    }
-    if (value.is_string()) {
-      int64_t v;
-      if (ParsePyInt(value.str(), static_cast<int>(base), &v)) return Value::Int(v);
-      double f;
-      if (ParsePyFloat(value.str(), &f) && std::isfinite(f)) return Value::Int(TruncToInt(f));
-    }
-    return dflt;
-  }
-  if (name == "float") {
-    Bound b(fname, args, {"default"});
-    const Value dflt = b.Has(0) ? *b.Get(0) : Value::Float(0.0);
-    if (value.is_undefined()) ThrowUndefined(value);
-    if (value.is_number()) return Value::Float(value.float_value());
-    double f;
-    if (value.is_string() && ParsePyFloat(value.str(), &f)) return Value::Float(f);
-    return dflt;
-  }
-  if (name == "abs") {
-    Bound b(fname, args, {});
-    if (value.is_intlike()) {
-      if (value.int_value() == std::numeric_limits<int64_t>::min()) {
-        ThrowRuntime("OverflowError", "integer out of the 64-bit range of chat templates");
-      }
-      return Value::Int(std::abs(value.int_value()));
-    }
-    if (value.type() == Type::kFloat) return Value::Float(std::fabs(value.float_value()));
-    ThrowTypeError(Cat("bad operand type for abs(): '", PyTypeName(value), "'"));
-  }
-  if (name == "round") {
-    Bound b(fname, args, {"precision", "method"});
-    const int64_t precision = b.Has(0) ? RequireInt(*b.Get(0), "precision") : 0;
-    const std::string method = b.Has(1) ? ToStr(*b.Get(1)) : "common";
-    if (method != "common" && method != "ceil" && method != "floor") {
-      FilterArgumentError("method must be common, ceil or floor");
-    }
-    if (!value.is_number()) {
-      ThrowTypeError(Cat("type ", PyTypeName(value), " doesn't define __round__ method"));
-    }
-    if (method == "common") {
-      if (value.is_intlike()) {
-        if (precision >= 0) return Value::Int(value.int_value());
-        if (precision < -18) return Value::Int(0);
-        int64_t p = 1;
-        for (int64_t i = 0; i < -precision; ++i) p *= 10;
-        const int64_t x = value.int_value();
-        int64_t q = x / p, r = x % p;
-        if (r < 0) {
-          r += p;
-          --q;
-        }
-        if (2 * r > p || (2 * r == p && (q & 1))) ++q;
-        return Value::Int(q * p);
-      }
-      return Value::Float(PyRound(value.float_value(), precision));
-    }
-    const double scale = std::pow(10.0, static_cast<double>(precision));
-    const double x = value.float_value() * scale;
-    return Value::Float((method == "ceil" ? std::ceil(x) : std::floor(x)) / scale);
-  }
-  if (name == "indent") {
-    Bound b(fname, args, {"width", "first", "blank"});
-    if (value.is_undefined()) ThrowUndefined(value);
-    if (!value.is_string()) {
-      // do_indent's `s += "\n"` then `s.splitlines()`: a list takes the +=.
-      if (value.is_seq() && value.seq_kind() == SeqKind::kList) {
-        ThrowRuntime("AttributeError", "'list' object has no attribute 'splitlines'");
-      }
-      ThrowTypeError(
-          Cat("unsupported operand type(s) for +=: '", PyTypeName(value), "' and 'str'"));
-    }
-    std::string indention;
-    const Value width = b.Or(0, Value::Int(4));
-    if (width.is_string()) {
-      indention = width.str();
-    } else {
-      const int64_t w = RequireInt(width, "width");
-      if (w > 1000) StringLimit();
-      indention = std::string(static_cast<size_t>(std::max<int64_t>(0, w)), ' ');
-    }
-    const bool first = b.Has(1) && Truthy(*b.Get(1));
-    const bool blank = b.Has(2) && Truthy(*b.Get(2));
-    std::vector<std::string> lines = SplitLines(value.str() + "\n", false);
-    std::string rv;
-    if (blank) {
-      for (size_t i = 0; i < lines.size(); ++i) {
-        if (i > 0) rv += "\n" + indention;
-        rv += lines[i];
-        if (rv.size() > limits_.max_output_bytes) MakeStr(std::move(rv));  // throws
-      }
-    } else {
-      rv = lines.empty() ? "" : lines[0];
-      for (size_t i = 1; i < lines.size(); ++i) {
-        rv += "\n";
-        if (!lines[i].empty()) rv += indention;
-        rv += lines[i];
-        if (rv.size() > limits_.max_output_bytes) MakeStr(std::move(rv));  // throws
-      }
-    }
-    if (first) rv = indention + rv;
-    return MakeStr(std::move(rv), value.safe());
-  }
-  if (name == "reverse") {
-    Bound b(fname, args, {});
-    if (!value.is_string() && !value.is_seq() && !value.is_dict() && !value.is_undefined()) {
-      FilterArgumentError("argument must be iterable");
-    }
-    if (value.is_string()) {
-      std::u32string cps = DecodeUtf8(value.str());
-      std::reverse(cps.begin(), cps.end());
-      return MakeStr(EncodeUtf8(cps), value.safe());
-    }
-    std::vector<Value> items;
-    try {
-      items = Iterate(value);
-    } catch (const Error& e) {
-      // A generator that fails as list() reads it: do_reverse's TypeError.
-      if (e.kind == Error::Kind::kRuntime && e.message.rfind("TypeError", 0) == 0) {
-        FilterArgumentError("argument must be iterable");
-      }
-      throw;
-    }
-    std::reverse(items.begin(), items.end());
-    const bool iterator = value.is_undefined() || value.is_dict() ||
-                          (value.is_seq() && value.seq_kind() != SeqKind::kGenerator &&
-                           value.seq_kind() != SeqKind::kReversed);
-    return MakeSeq(iterator ? SeqKind::kReversed : SeqKind::kList, std::move(items));
-  }
-  if (name == "sort") {
-    Bound b(fname, args, {"reverse", "case_sensitive", "attribute"});
-    const bool reverse = b.Has(0) && Truthy(*b.Get(0));
-    const bool case_sensitive = b.Has(1) && Truthy(*b.Get(1));
-    const Value& attribute = b.Or(2, none);
-    std::vector<Value> items = Iterate(value);
-    std::vector<std::pair<Value, size_t>> keyed;
-    keyed.reserve(items.size());
-    for (size_t i = 0; i < items.size(); ++i) {
-      keyed.emplace_back(SortKey(this, items[i], attribute, case_sensitive, true), i);
-    }
-    Charge(static_cast<int64_t>(items.size()) * 4);
-    std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& x, const auto& y) {
-      return reverse ? Less(y.first, x.first) : Less(x.first, y.first);
-    });
-    std::vector<Value> out;
-    out.reserve(items.size());
-    for (const auto& [k, i] : keyed) out.push_back(items[i]);
-    return MakeSeq(SeqKind::kList, std::move(out));
-  }
-  if (name == "dictsort") {
-    Bound b(fname, args, {"case_sensitive", "by", "reverse"});
-    const bool case_sensitive = b.Has(0) && Truthy(*b.Get(0));
-    const std::string by = b.Has(1) ? ToStr(*b.Get(1)) : "key";
-    const bool reverse = b.Has(2) && Truthy(*b.Get(2));
-    if (by != "key" && by != "value")
-      FilterArgumentError("You can only sort by either \"key\" or \"value\"");
-    if (value.is_undefined()) ThrowUndefined(value);
-    if (!value.is_dict()) {
-      ThrowRuntime("AttributeError",
-                   Cat("'", PyTypeName(value), "' object has no attribute 'items'"));
-    }
-    std::vector<std::pair<Value, Value>> entries = value.dict().entries;
-    const size_t pos = by == "key" ? 0 : 1;
-    auto key = [&](const std::pair<Value, Value>& e) {
-      const Value& k = pos == 0 ? e.first : e.second;
-      return case_sensitive ? k : IgnoreCase(k);
-    };
-    Charge(static_cast<int64_t>(entries.size()) * 4);
-    std::stable_sort(entries.begin(), entries.end(), [&](const auto& x, const auto& y) {
-      return reverse ? Less(key(y), key(x)) : Less(key(x), key(y));
-    });
-    std::vector<Value> out;
-    for (auto& [k, v] : entries) out.push_back(Value::Tuple({k, v}));
-    return MakeSeq(SeqKind::kList, std::move(out));
-  }
-  if (name == "unique") {
-    Bound b(fname, args, {"case_sensitive", "attribute"});
-    const bool case_sensitive = b.Has(0) && Truthy(*b.Get(0));
-    const Value& attribute = b.Or(1, none);
-    std::vector<Value> out;
-    std::vector<Value> seen;
-    absl::flat_hash_map<size_t, std::vector<size_t>> index;
-    for (const Value& item : Iterate(value)) {
-      Step();
-      const Value key = SortKey(this, item, attribute, case_sensitive, false);
-      const size_t h = Hash(key);
-      auto& bucket = index[h];
-      bool dup = false;
-      for (size_t i : bucket) dup = dup || Equal(seen[i], key);
-      if (dup) continue;
-      bucket.push_back(seen.size());
-      seen.push_back(key);
-      out.push_back(item);
-    }
-    return MakeSeq(SeqKind::kGenerator, std::move(out));
-  }
-  if (name == "min" || name == "max") {
-    Bound b(fname, args, {"case_sensitive", "attribute"});
-    const bool case_sensitive = b.Has(0) && Truthy(*b.Get(0));
-    const Value& attribute = b.Or(1, none);
-    const std::vector<Value> items = Iterate(value);
-    if (items.empty()) return Value::Undefined("No aggregated item, sequence was empty.");
-    size_t best = 0;
-    Value best_key = SortKey(this, items[0], attribute, case_sensitive, false);
-    for (size_t i = 1; i < items.size(); ++i) {
-      Value k = SortKey(this, items[i], attribute, case_sensitive, false);
-      if (name == "min" ? Less(k, best_key) : Less(best_key, k)) {
-        best = i;
-        best_key = std::move(k);
-      }
-    }
-    return items[best];
-  }
-  if (name == "sum") {
-    Bound b(fname, args, {"attribute", "start"});
-    const Value& attribute = b.Or(0, none);
-    Value rv = b.Has(1) ? *b.Get(1) : Value::Int(0);
-    for (const Value& item : Iterate(value)) {
-      Step();
-      rv = Arith(BinOp::kAdd, rv, attribute.is_none() ? item : AttrPath(item, attribute));
-    }
-    return rv;
-  }
-  if (name == "batch") {
-    Bound b(fname, args, {"linecount", "fill_with"});
-    if (!b.Has(0)) ThrowTypeError("do_batch() missing 1 required positional argument: 'linecount'");
-    const int64_t count = RequireInt(*b.Get(0), "linecount");
-    const Value& fill = b.Or(1, none);
-    std::vector<Value> out, tmp;
-    for (const Value& item : Iterate(value)) {
-      if (static_cast<int64_t>(tmp.size()) == count) {
-        out.push_back(Value::List(std::move(tmp)));
-        tmp.clear();
-      }
-      tmp.push_back(item);
-    }
-    if (!tmp.empty()) {
-      if (!fill.is_none()) {
-        while (static_cast<int64_t>(tmp.size()) < count) {
-          Step();
-          tmp.push_back(fill);
-        }
-      }
-      out.push_back(Value::List(std::move(tmp)));
-    }
-    return MakeSeq(SeqKind::kGenerator, std::move(out));
-  }
-  if (name == "slice") {
-    Bound b(fname, args, {"slices", "fill_with"});
-    if (!b.Has(0)) ThrowTypeError("do_slice() missing 1 required positional argument: 'slices'");
-    const int64_t slices = RequireInt(*b.Get(0), "slices");
-    if (slices > 100000) StepLimit();
-    const Value& fill = b.Or(1, none);
-    const std::vector<Value> seq = Iterate(value);
-    const auto length = static_cast<int64_t>(seq.size());
-    if (slices <= 0) {
-      if (slices == 0) ThrowRuntime("ZeroDivisionError", "integer division or modulo by zero");
-      return MakeSeq(SeqKind::kGenerator, {});
-    }
-    const int64_t per = length / slices, extra = length % slices;
-    int64_t offset = 0;
-    std::vector<Value> out;
-    for (int64_t k = 0; k < slices; ++k) {
-      Step();
-      const int64_t start = offset + k * per;
-      if (k < extra) ++offset;
-      const int64_t end = offset + (k + 1) * per;
-      std::vector<Value> tmp(seq.begin() + start, seq.begin() + end);
-      if (!fill.is_none() && k >= extra) tmp.push_back(fill);
-      out.push_back(Value::List(std::move(tmp)));
-    }
-    return MakeSeq(SeqKind::kGenerator, std::move(out));
-  }
-  if (name == "center") {
-    Bound b(fname, args, {"width"});
-    Args a;
-    a.pos.push_back(b.Has(0) ? *b.Get(0) : Value::Int(80));
-    return CallMethod(SoftStr(this, value), "center", a);
-  }
-  if (name == "format") {
-    if (!args.pos.empty() && !args.kw.empty()) {
-      FilterArgumentError("can't handle positional and keyword arguments at the same time");
-    }
-    Value fargs;
-    if (!args.kw.empty()) {
-      auto d = std::make_shared<DictObj>();
-      for (const auto& [k, v] : args.kw) d->Set(Value::Str(k), v);
-      fargs = Value::Dict(std::move(d));
-    } else {
-      fargs = Value::Tuple(args.pos);
-    }
-    const Value s = SoftStr(this, value);
-    return MakeStr(PercentFormat(this, s.str(), fargs), s.safe());
-  }
-  if (name == "attr") {
-    Bound b(fname, args, {"name"});
-    if (!b.Has(0)) ThrowTypeError("do_attr() missing 1 required positional argument: 'name'");
-    if (value.is_undefined()) ThrowUndefined(value);
-    const std::string attr = ToStr(*b.Get(0));
-    if (auto v = PyAttr(value, attr)) return *v;
-    return Value::Undefined(
-        Cat(ReprString(ObjectTypeRepr(value)), " has no attribute ", ReprString(attr)));
-  }
-  if (name == "wordcount") {
-    Bound b(fname, args, {});
-    const Value s = SoftStr(this, value);
-    int64_t count = 0;
-    bool in_word = false;
-    size_t pos = 0;
-    while (pos < s.str().size()) {
-      const char32_t c = DecodeUtf8At(s.str(), &pos);
-      const bool w = c == '_' || IsAlpha(c) || IsDecimal(c) || IsDigit(c) || IsNumeric(c);
-      if (w && !in_word) ++count;
-      in_word = w;
-    }
-    return Value::Int(count);
-  }
-  if (name == "truncate") {
-    Bound b(fname, args, {"length", "killwords", "end", "leeway"});
-    const int64_t length = b.Has(0) ? RequireInt(*b.Get(0), "length") : 255;
-    const bool killwords = b.Has(1) && Truthy(*b.Get(1));
-    const std::string end = b.Has(2) ? ToStr(*b.Get(2)) : "...";
-    const int64_t leeway = b.Has(3) && !b.Get(3)->is_none() ? RequireInt(*b.Get(3), "leeway") : 5;
-    const auto end_len = static_cast<int64_t>(CodePointCount(end));
-    if (length < end_len)
-      ThrowRuntime("AssertionError", Cat("expected length >= ", end_len, ", got ", length));
-    if (leeway < 0) ThrowRuntime("AssertionError", Cat("expected leeway >= 0, got ", leeway));
-    if (Len(value) <= length + leeway) return value;
-    const std::u32string cps = DecodeUtf8(RequireStr(value, "truncate"));
-    const std::string head =
-        EncodeUtf8(std::u32string_view(cps).substr(0, static_cast<size_t>(length - end_len)));
-    if (killwords) return MakeStr(head + end);
-    const size_t space = head.rfind(' ');
-    return MakeStr((space == std::string::npos ? head : head.substr(0, space)) + end);
-  }
-  if (name == "pprint") {
-    Bound b(fname, args, {});
-    return MakeStr(Repr(value));
-  }
-  NotSupported(Cat("the '", name, "' filter"));
+  return RunFilter(this, filter, name, value, args);
 }
 
 }  // namespace coalesce::engine::jinja
