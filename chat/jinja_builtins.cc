@@ -3,7 +3,7 @@
 // strftime_now, and Python's % and str.format formatting. Filters and
 // methods are tables of named functions (kFilters; kStrMethods and the
 // other receivers' tables), which say both what exists and what runs.
-#include "engine/chat/jinja_builtins.h"
+#include "chat/jinja_builtins.h"
 
 #include <sys/time.h>
 
@@ -24,10 +24,10 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "engine/chat/jinja_interp.h"
-#include "engine/chat/jinja_unicode.h"
+#include "chat/jinja_interp.h"
+#include "chat/jinja_unicode.h"
 
-namespace coalesce::engine::jinja {
+namespace coalesce::chat::jinja {
 namespace {
 
 // ---------------------------------------------------------------------------
@@ -2633,4 +2633,4 @@ Value Interp::ApplyFilter(std::string_view name, const Value& value, const Args&
   return RunFilter(this, filter, name, value, args);
 }
 
-}  // namespace coalesce::engine::jinja
+}  // namespace coalesce::chat::jinja

@@ -1,6 +1,6 @@
 // The evaluator of parsed templates (jinja_interp.cc) and the builtins it
 // calls (jinja_builtins.cc: filters, tests, methods of str/dict/list, the
-// globals). Internal to engine/chat.
+// globals). Internal to chat/.
 #pragma once
 
 #include <cstdint>
@@ -11,11 +11,11 @@
 #include <utility>
 #include <vector>
 
-#include "engine/chat/jinja.h"
-#include "engine/chat/jinja_ast.h"
-#include "engine/chat/jinja_value.h"
+#include "chat/jinja.h"
+#include "chat/jinja_ast.h"
+#include "chat/jinja_value.h"
 
-namespace coalesce::engine::jinja {
+namespace coalesce::chat::jinja {
 
 // Variables visible at one point of a template; `parent` is the enclosing
 // scope (a for-loop iteration, a macro call and a with block get their own,
@@ -188,4 +188,4 @@ std::string PercentFormat(Interp* in, std::string_view format, const Value& args
 // markupsafe.escape() of a str.
 std::string HtmlEscape(std::string_view s);
 
-}  // namespace coalesce::engine::jinja
+}  // namespace coalesce::chat::jinja
