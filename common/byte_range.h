@@ -1,4 +1,4 @@
-// A range of bytes of a text. The chat templates (engine/chat/) say which
+// A range of bytes of a text. The chat templates (chat/) say which
 // bytes of a rendered conversation the template wrote itself, and the
 // tokenizers (engine/tokenizer/) take those ranges back: neither knows the
 // other, both know this.

@@ -82,9 +82,9 @@ absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
     // A conversation is rendered into text, which the template has given
     // its special tokens (so none is added); a prompt gets the tokenizer's.
     const bool chat = request.messages_size() > 0;
-    engine::RenderedChat rendered;
+    chat::RenderedChat rendered;
     if (chat) {
-      absl::StatusOr<engine::RenderedChat> text = RenderChat(request.messages(), true);
+      absl::StatusOr<chat::RenderedChat> text = RenderChat(request.messages(), true);
       if (!text.ok()) return text.status();  // rejection "invalid"
       rendered = *std::move(text);
     }
@@ -157,7 +157,7 @@ absl::StatusOr<batcher::GenerationRequest> GeneratorService::Prepare(
   return out;
 }
 
-absl::StatusOr<engine::RenderedChat> GeneratorService::RenderChat(
+absl::StatusOr<chat::RenderedChat> GeneratorService::RenderChat(
     const google::protobuf::RepeatedPtrField<v1::ChatMessage>& messages,
     bool add_generation_prompt) const {
   if (absl::Status s = ValidateMessages(messages, limits_); !s.ok()) return s;
@@ -165,12 +165,12 @@ absl::StatusOr<engine::RenderedChat> GeneratorService::RenderChat(
   if (options_.chat_template == nullptr) {
     return absl::FailedPreconditionError(options_.chat_unavailable);
   }
-  std::vector<engine::ChatMessage> conversation;
+  std::vector<chat::ChatMessage> conversation;
   conversation.reserve(static_cast<size_t>(messages.size()));
   for (const v1::ChatMessage& m : messages) conversation.push_back({m.role(), m.content()});
-  engine::ChatRenderOptions render = options_.chat_options;
+  chat::ChatRenderOptions render = options_.chat_options;
   render.add_generation_prompt = add_generation_prompt;
-  absl::StatusOr<engine::RenderedChat> text =
+  absl::StatusOr<chat::RenderedChat> text =
       options_.chat_template->RenderTracked(conversation, render);
   if (!text.ok() && text.status().code() == absl::StatusCode::kResourceExhausted) {
     // The template ran into its bounds on this conversation: the request's
@@ -390,7 +390,7 @@ grpc::ServerUnaryReactor* GeneratorService::ApplyChatTemplate(grpc::CallbackServ
       context, request, response, UnaryLane::kWorkPool,
       [this](const v1::ApplyChatTemplateRequest& parsed,
              const Tenants::Caller& caller) -> absl::StatusOr<v1::ApplyChatTemplateResponse> {
-        absl::StatusOr<engine::RenderedChat> text =
+        absl::StatusOr<chat::RenderedChat> text =
             RenderChat(parsed.messages(), parsed.add_generation_prompt());
         if (!text.ok()) return text.status();
         const bool split = SplitSpecialTokens(parsed.has_split_special_tokens(),

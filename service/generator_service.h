@@ -12,9 +12,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "batcher/engine_loop.h"
+#include "chat/chat_template.h"
 #include "coalesce/v1/generator.grpc.pb.h"
 #include "engine/backend.h"
-#include "engine/chat/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "metrics/server_metrics.h"
 #include "service/tenants.h"
@@ -38,9 +38,9 @@ struct GeneratorServiceOptions {
   // ApplyChatTemplate; null when it has none, and then `chat_unavailable`
   // says why (FAILED_PRECONDITION's message). bos_token and eos_token of
   // `chat_options` are the template's variables.
-  const engine::ChatTemplate* chat_template = nullptr;
+  const chat::ChatTemplate* chat_template = nullptr;
   std::string chat_unavailable;
-  engine::ChatRenderOptions chat_options;
+  chat::ChatRenderOptions chat_options;
   // --api_keys_file: every Generator call must name a tenant, and Generate
   // is held to its limits. Null: no authentication.
   Tenants* tenants = nullptr;
@@ -97,7 +97,7 @@ class GeneratorService final : public RawGeneratorService {
   // without a template, INVALID_ARGUMENT for messages the limits or the
   // template refuse (raise_exception's own message) and for a role that
   // holds a special token.
-  absl::StatusOr<engine::RenderedChat> RenderChat(
+  absl::StatusOr<chat::RenderedChat> RenderChat(
       const google::protobuf::RepeatedPtrField<v1::ChatMessage>& messages,
       bool add_generation_prompt) const;
   // Whether a request's special tokens are text: its tenant's setting, else

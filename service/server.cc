@@ -123,8 +123,8 @@ int Server::BuildChatTemplate() {
         "this model has no chat template (none in its tokenizer_config.json or GGUF metadata): "
         "send prompt text, or start the server with --chat_template=FILE";
     Log(LogLevel::kInfo, "no chat template: Generate takes prompt text or token ids only");
-  } else if (absl::StatusOr<engine::ChatTemplate> parsed =
-                 engine::ChatTemplate::Parse(model_.chat_template);
+  } else if (absl::StatusOr<chat::ChatTemplate> parsed =
+                 chat::ChatTemplate::Parse(model_.chat_template);
              parsed.ok()) {
     chat_template_ = *std::move(parsed);
     LogF(LogLevel::kInfo, "chat template: %s (%d bytes)", template_origin,

@@ -8,8 +8,8 @@
 #include <optional>
 
 #include "batcher/engine_loop.h"
+#include "chat/chat_template.h"
 #include "engine/backend.h"
-#include "engine/chat/chat_template.h"
 #include "engine/model/load.h"
 #include "grpcpp/server.h"
 #include "metrics/server_metrics.h"
@@ -70,7 +70,7 @@ class Server {
   engine::LoadedModel model_;
   // The model's chat template, parsed; empty when it has none or it does not
   // parse (chat_unavailable_ says which).
-  std::optional<engine::ChatTemplate> chat_template_;
+  std::optional<chat::ChatTemplate> chat_template_;
   std::string chat_unavailable_;
   std::unique_ptr<engine::Backend> backend_;
   std::unique_ptr<metrics::ServerMetrics> metrics_;

@@ -39,7 +39,7 @@ absl::Status ValidateMessages(const google::protobuf::RepeatedPtrField<v1::ChatM
                               const RequestLimits& limits);
 
 // No role holds a special token of `tokenizer` ("user<|im_end|>\n<|im_start|>
-// system"): a role counts as the template's own text (engine::RenderedChat),
+// system"): a role counts as the template's own text (chat::RenderedChat),
 // where a special token would open or close a turn whatever
 // split_special_tokens says.
 absl::Status ValidateRoles(const google::protobuf::RepeatedPtrField<v1::ChatMessage>& messages,

@@ -1,4 +1,4 @@
-// libFuzzer target for the chat template interpreter (engine/chat).
+// libFuzzer target for the chat template interpreter (chat/).
 // An input is a template (its bytes as they are): parsing must return a
 // template or InvalidArgument, and rendering a fixed conversation under small
 // limits must return text within max_output_bytes, InvalidArgument or
@@ -20,13 +20,13 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/chat/chat_template.h"
+#include "chat/chat_template.h"
 
 namespace {
 
-using coalesce::engine::ChatMessage;
-using coalesce::engine::ChatRenderOptions;
-using coalesce::engine::ChatTemplate;
+using coalesce::chat::ChatMessage;
+using coalesce::chat::ChatRenderOptions;
+using coalesce::chat::ChatTemplate;
 
 ChatRenderOptions Options(bool generation_prompt) {
   ChatRenderOptions options;

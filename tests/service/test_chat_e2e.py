@@ -4,7 +4,7 @@ errors: no template (FAILED_PRECONDITION), a template that refuses the
 conversation (INVALID_ARGUMENT carrying the template's own message), more
 than one kind of input, and limits. The rendered text itself is compared
 with transformers in test_gguf_server_parity.py and, template by template, in
-tests/engine/chat/test_chat_template_parity.py.
+tests/chat/test_chat_template_parity.py.
 
 The model is stories260K-hf (its tokenizer_config.json has no chat template,
 and its bos_token is "<s>"); the templates are a ChatML one written here and

@@ -1,6 +1,6 @@
 // coalesce-chat-template: renders chat templates with coalesce's interpreter
-// (engine/chat/chat_template.h), one JSON line in, one JSON line out, for
-// tests/engine/chat/test_chat_template_parity.py to compare with Hugging Face
+// (chat/chat_template.h), one JSON line in, one JSON line out, for
+// tests/chat/test_chat_template_parity.py to compare with Hugging Face
 // transformers' apply_chat_template.
 //
 //   coalesce-chat-template < requests.jsonl > results.jsonl
@@ -17,7 +17,7 @@
 // Messages of only string roles and contents, without "variables", go through
 // ChatTemplate::Render (what the server calls); messages with more in them
 // (tool calls, non-string content) or extra variables (tools, documents, ...)
-// go through the interpreter underneath (engine/chat/jinja.h) with the same
+// go through the interpreter underneath (chat/jinja.h) with the same
 // variables ChatTemplate::Render defines, plus those (there only bos_token and
 // eos_token are the template's own text among the variables; ChatTemplate's
 // roles are too).
@@ -32,10 +32,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/chat/chat_template.h"
-#include "engine/chat/jinja.h"
+#include "chat/chat_template.h"
+#include "chat/jinja.h"
 
-namespace coalesce::engine {
+namespace coalesce::chat {
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -157,17 +157,17 @@ Json Handle(const Json& request, std::map<std::string, std::shared_ptr<ChatTempl
 }
 
 }  // namespace
-}  // namespace coalesce::engine
+}  // namespace coalesce::chat
 
 int main() {
   std::ios::sync_with_stdio(false);
-  std::map<std::string, std::shared_ptr<coalesce::engine::ChatTemplate>> cache;
+  std::map<std::string, std::shared_ptr<coalesce::chat::ChatTemplate>> cache;
   std::string line;
   while (std::getline(std::cin, line)) {
     if (line.empty()) continue;
-    coalesce::engine::Json out;
+    coalesce::chat::Json out;
     try {
-      out = coalesce::engine::Handle(coalesce::engine::Json::parse(line), cache);
+      out = coalesce::chat::Handle(coalesce::chat::Json::parse(line), cache);
     } catch (const std::exception& e) {
       out = {{"error", std::string("bad request: ") + e.what()}, {"code", "INVALID_ARGUMENT"}};
     }

@@ -1,10 +1,10 @@
-#include "engine/chat/jinja_unicode.h"
+#include "chat/jinja_unicode.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <iterator>
 
-namespace coalesce::engine::jinja {
+namespace coalesce::chat::jinja {
 namespace {
 
 struct CaseRun {
@@ -20,7 +20,7 @@ struct CodeRange {
   char32_t first, last;
 };
 
-#include "engine/chat/jinja_unicode_tables.inc"
+#include "chat/jinja_unicode_tables.inc"
 
 template <size_t N>
 bool InRanges(const CodeRange (&table)[N], char32_t c) {
@@ -285,4 +285,4 @@ std::string PySwapcase(std::string_view s) {
   });
 }
 
-}  // namespace coalesce::engine::jinja
+}  // namespace coalesce::chat::jinja

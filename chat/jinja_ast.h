@@ -8,9 +8,9 @@
 #include <utility>
 #include <vector>
 
-#include "engine/chat/jinja_value.h"
+#include "chat/jinja_value.h"
 
-namespace coalesce::engine::jinja {
+namespace coalesce::chat::jinja {
 
 struct Expr;
 struct Stmt;
@@ -121,4 +121,4 @@ struct Template {
   Body body;
 };
 
-}  // namespace coalesce::engine::jinja
+}  // namespace coalesce::chat::jinja

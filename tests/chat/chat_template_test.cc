@@ -1,9 +1,9 @@
-// engine/chat: the jinja2 interpreter behind ChatTemplate, feature by
+// chat/: the jinja2 interpreter behind ChatTemplate, feature by
 // feature, against what jinja2 3.1.6 (in transformers' sandboxed
 // environment: trim_blocks, lstrip_blocks, loopcontrols) renders; its errors;
 // and the limits that bound a hostile template. The parity with transformers
 // on real templates is test_chat_template_parity.py.
-#include "engine/chat/chat_template.h"
+#include "chat/chat_template.h"
 
 #include <gtest/gtest.h>
 
@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-namespace coalesce::engine {
+namespace coalesce::chat {
 namespace {
 
 const std::vector<ChatMessage> kChat = {{"system", "You are terse."},
@@ -833,4 +833,4 @@ TEST(ChatTemplateLimitsTest, DeepNestingIsRefusedNotACrash) {
 }
 
 }  // namespace
-}  // namespace coalesce::engine
+}  // namespace coalesce::chat

@@ -5,7 +5,7 @@
 // add_generation_prompt=...): jinja2 3.1's ImmutableSandboxedEnvironment with
 // trim_blocks, lstrip_blocks and loopcontrols, transformers' tojson filter
 // (json.dumps with ensure_ascii=False) and its raise_exception and
-// strftime_now globals. Our own interpreter (engine/chat/jinja.h); no file,
+// strftime_now globals. Our own interpreter (chat/jinja.h); no file,
 // environment or import access; bounded by ChatTemplateLimits.
 #pragma once
 
@@ -21,7 +21,7 @@
 #include "absl/status/statusor.h"
 #include "common/byte_range.h"
 
-namespace coalesce::engine {
+namespace coalesce::chat {
 
 namespace jinja {
 struct Template;
@@ -64,7 +64,7 @@ struct RenderedChat {
   // blocks, macros) and trimmed. The messages' contents never are, nor is
   // anything a filter or method other than trim/strip made (uppercasing,
   // formatting, tojson, ...), whatever it was made from: a byte of a content
-  // is never counted as the template's own (engine/chat/jinja_value.h,
+  // is never counted as the template's own (chat/jinja_value.h,
   // TrackedText). A tokenizer that splits special tokens keeps the special
   // tokens written in these ranges only (Tokenizer::EncodeSplitAtMost).
   std::vector<ByteRange> template_ranges;
@@ -95,4 +95,4 @@ class ChatTemplate {
   std::shared_ptr<const jinja::Template> tmpl_;
 };
 
-}  // namespace coalesce::engine
+}  // namespace coalesce::chat

@@ -4,9 +4,9 @@
 
 #include <string_view>
 
-namespace coalesce::engine::jinja {
+namespace coalesce::chat::jinja {
 
 bool IsKnownFilter(std::string_view name);
 bool IsKnownTest(std::string_view name);
 
-}  // namespace coalesce::engine::jinja
+}  // namespace coalesce::chat::jinja

@@ -14,12 +14,12 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_join.h"
-#include "engine/chat/jinja.h"
-#include "engine/chat/jinja_builtins.h"
-#include "engine/chat/jinja_interp.h"
-#include "engine/chat/jinja_unicode.h"
+#include "chat/jinja.h"
+#include "chat/jinja_builtins.h"
+#include "chat/jinja_interp.h"
+#include "chat/jinja_unicode.h"
 
-namespace coalesce::engine::jinja {
+namespace coalesce::chat::jinja {
 namespace {
 
 // Expressions and statements nested deeper than this do not parse (the
@@ -1647,4 +1647,4 @@ absl::StatusOr<std::shared_ptr<const Template>> ParseTemplate(std::string_view s
   }
 }
 
-}  // namespace coalesce::engine::jinja
+}  // namespace coalesce::chat::jinja

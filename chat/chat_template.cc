@@ -1,11 +1,11 @@
-#include "engine/chat/chat_template.h"
+#include "chat/chat_template.h"
 
 #include <utility>
 #include <vector>
 
-#include "engine/chat/jinja.h"
+#include "chat/jinja.h"
 
-namespace coalesce::engine {
+namespace coalesce::chat {
 
 absl::StatusOr<ChatTemplate> ChatTemplate::Parse(std::string_view source) {
   auto tmpl = jinja::ParseTemplate(source);
@@ -55,4 +55,4 @@ absl::StatusOr<RenderedChat> ChatTemplate::RenderTracked(std::span<const ChatMes
   return RenderedChat{std::move(out->text), std::move(out->own)};
 }
 
-}  // namespace coalesce::engine
+}  // namespace coalesce::chat

@@ -4,7 +4,7 @@
 // str(), repr(), ==, <, truth and json.dumps.
 //
 // Values are immutable and cheap to copy (shared_ptr); only a namespace is
-// mutable, as in jinja2. Internal to engine/chat: the interpreter signals
+// mutable, as in jinja2. Internal to chat/: the interpreter signals
 // errors with jinja::Error exceptions, which never leave the room (ParseTemplate
 // and RenderTemplate, jinja.h, return them as a Status).
 #pragma once
@@ -22,7 +22,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "common/byte_range.h"
 
-namespace coalesce::engine::jinja {
+namespace coalesce::chat::jinja {
 
 // String concatenation that takes std::string_view (this Abseil's StrCat
 // takes only absl::string_view).
@@ -382,4 +382,4 @@ void AppendJson(std::string* out, const Value& v, const JsonOptions& options, in
 // that are not iterable. An Undefined iterates as nothing.
 std::vector<Value> Iterate(const Value& v);
 
-}  // namespace coalesce::engine::jinja
+}  // namespace coalesce::chat::jinja

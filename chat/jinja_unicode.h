@@ -13,7 +13,7 @@
 #include <string>
 #include <string_view>
 
-namespace coalesce::engine::jinja {
+namespace coalesce::chat::jinja {
 
 // Decodes the code point at `pos` and advances `pos` past it.
 char32_t DecodeUtf8At(std::string_view s, size_t* pos);
@@ -51,4 +51,4 @@ std::string PyTitle(std::string_view s);
 std::string PyCapitalize(std::string_view s);
 std::string PySwapcase(std::string_view s);
 
-}  // namespace coalesce::engine::jinja
+}  // namespace coalesce::chat::jinja

@@ -4,7 +4,7 @@ Every template of the shared corpus (${COALESCE_MODELS_DIR}/../chat-templates:
 18 real templates as models publish them) renders a set of our own
 conversations, with and without the generation prompt, through
 transformers' tokenizer.apply_chat_template(messages, chat_template=T,
-tokenize=False) and through coalesce-chat-template (engine/chat), and the two
+tokenize=False) and through coalesce-chat-template (chat/), and the two
 must agree byte for byte. Where transformers fails, coalesce must fail too:
 with exactly the template's message when the template rejected the
 conversation with raise_exception (gemma and a system message, roles that do

@@ -1,7 +1,7 @@
 // The evaluator: statements, expressions, scopes, attribute and item access
 // as jinja2's sandbox does them, operators with Python's semantics, and the
 // limits that bound a hostile template.
-#include "engine/chat/jinja_interp.h"
+#include "chat/jinja_interp.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,9 +12,9 @@
 #include <stdexcept>
 
 #include "absl/status/status.h"
-#include "engine/chat/jinja_unicode.h"
+#include "chat/jinja_unicode.h"
 
-namespace coalesce::engine::jinja {
+namespace coalesce::chat::jinja {
 namespace {
 
 [[noreturn]] void Overflow() {
@@ -1216,4 +1216,4 @@ absl::StatusOr<TrackedText> RenderTemplateTracked(const Template& tmpl, const Re
   }
 }
 
-}  // namespace coalesce::engine::jinja
+}  // namespace coalesce::chat::jinja

@@ -1,6 +1,6 @@
 // The evaluator of parsed templates (jinja_interp.cc) and the builtins it
 // calls (jinja_builtins.cc: filters, tests, methods of str/dict/list, the
-// globals). Internal to engine/chat.
+// globals). Internal to chat/.
 #pragma once
 
 #include <cstdint>
@@ -11,11 +11,11 @@
 #include <utility>
 #include <vector>
 
-#include "engine/chat/jinja.h"
-#include "engine/chat/jinja_ast.h"
-#include "engine/chat/jinja_value.h"
+#include "chat/jinja.h"
+#include "chat/jinja_ast.h"
+#include "chat/jinja_value.h"
 
-namespace coalesce::engine::jinja {
+namespace coalesce::chat::jinja {
 
 // Variables visible at one point of a template; `parent` is the enclosing
 // scope (a for-loop iteration, a macro call and a with block get their own,
@@ -100,6 +100,7 @@ class Interp {
   Value Substr(const Value& of, size_t begin, std::string piece);
   Value MakeSeq(SeqKind kind, std::vector<Value> items);
   [[noreturn]] void StringLimit();
+  [[noreturn]] void StepLimit();
   // Folding met a name, a call or a filter that needs the context.
   [[noreturn]] static void NotConstant();
 
@@ -107,8 +108,13 @@ class Interp {
   Value GetItem(const Value& obj, const Value& key);
   Value Call(const Value& callee, const Args& args);
   Value ApplyFilter(std::string_view name, const Value& value, const Args& args);
-  Value ApplyFilterNow(std::string_view name, const Value& value, const Args& args);
   bool ApplyTest(std::string_view name, const Value& value, const Args& args);
+  Value Arith(BinOp op, const Value& a, const Value& b);
+  Value CallMethod(const Value& self, const std::string& name, const Args& args);
+  // The Python attribute `name` of `obj` (a bound method, a namespace
+  // attribute, a loop property; an unsafe Undefined for what the immutable
+  // sandbox forbids), or nullopt when the object has none.
+  std::optional<Value> PyAttr(const Value& obj, std::string_view name);
   bool Contains(const Value& container, const Value& item);
   // jinja2's make_attrgetter: "a.b.0" looked up with getitem.
   Value AttrPath(const Value& item, const Value& attribute);
@@ -131,7 +137,6 @@ class Interp {
     Interp* in;
   };
 
-  [[noreturn]] void StepLimit();
   [[noreturn]] void DepthLimit();
 
   Flow ExecBody(const Body& body, Scope* scope);
@@ -146,15 +151,9 @@ class Interp {
   Value EvalFilter(const Expr& e, Scope* scope, const Value* block_subject);
   Value EvalSlice(const Value& obj, const Expr& slice, Scope* scope);
   Args EvalArgs(const CallArgs& call, Scope* scope);
-  Value Arith(BinOp op, const Value& a, const Value& b);
   bool CompareOp(CmpOp op, const Value& a, const Value& b);
   Value CallMacro(const CallableObj& macro, const Args& args);
   Value CallGlobal(const std::string& name, const Args& args);
-  Value CallMethod(const Value& self, const std::string& name, const Args& args);
-  // The Python attribute `name` of `obj` (a bound method, a namespace
-  // attribute, a loop property; an unsafe Undefined for what the immutable
-  // sandbox forbids), or nullopt when the object has none.
-  std::optional<Value> PyAttr(const Value& obj, std::string_view name);
 
   // Writes `s` to the output; `own` are its bytes that are the template's own.
   void Out(std::string_view s, std::span<const ByteRange> own = {});
@@ -189,4 +188,4 @@ std::string PercentFormat(Interp* in, std::string_view format, const Value& args
 // markupsafe.escape() of a str.
 std::string HtmlEscape(std::string_view s);
 
-}  // namespace coalesce::engine::jinja
+}  // namespace coalesce::chat::jinja

@@ -3,7 +3,7 @@
 // with trim_blocks, lstrip_blocks, the loopcontrols extension, transformers'
 // {% generation %} tag, its tojson filter and its raise_exception and
 // strftime_now globals. Written from jinja2's documented and observed
-// semantics; engine/chat/chat_template.h is the interface the server uses,
+// semantics; chat/chat_template.h is the interface the server uses,
 // this one also lets tools and tests pass arbitrary variables (tools,
 // messages with tool calls).
 #pragma once
@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/chat/jinja_ast.h"
-#include "engine/chat/jinja_value.h"
+#include "chat/jinja_ast.h"
+#include "chat/jinja_value.h"
 
-namespace coalesce::engine::jinja {
+namespace coalesce::chat::jinja {
 
 // Parses a template. A syntax error is InvalidArgument naming the line.
 absl::StatusOr<std::shared_ptr<const Template>> ParseTemplate(std::string_view source);
@@ -49,4 +49,4 @@ absl::StatusOr<std::string> RenderTemplate(const Template& tmpl, const RenderEnv
 // (TrackedText, jinja_value.h).
 absl::StatusOr<TrackedText> RenderTemplateTracked(const Template& tmpl, const RenderEnv& env);
 
-}  // namespace coalesce::engine::jinja
+}  // namespace coalesce::chat::jinja

@@ -1,4 +1,4 @@
-#include "engine/chat/jinja_value.h"
+#include "chat/jinja_value.h"
 
 #include <algorithm>
 #include <charconv>
@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <functional>
 
-#include "engine/chat/jinja_unicode.h"
+#include "chat/jinja_unicode.h"
 
-namespace coalesce::engine::jinja {
+namespace coalesce::chat::jinja {
 
 void ThrowRuntime(std::string_view py_type, std::string_view message) {
   throw Error{Error::Kind::kRuntime, Cat(py_type, ": ", message)};
@@ -997,4 +997,4 @@ std::vector<Value> Iterate(const Value& v) {
   }
 }
 
-}  // namespace coalesce::engine::jinja
+}  // namespace coalesce::chat::jinja
