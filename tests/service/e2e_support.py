@@ -58,7 +58,13 @@ _STARTED_IN_TEST = []
 class Server(coalesce_harness.ServerProcess):
     """A coalesce-server for a test: stories260K unless `model_flags` say
     otherwise, then COALESCE_SERVER_FLAGS, then the test's `extra_flags`. A
-    server that does not start fails the test."""
+    server that does not start fails the test.
+
+    Its connections never age (--max_connection_age=inf unless the test says
+    otherwise): a module's client keeps one channel for all of its tests,
+    which under a sanitizer can outlast the 5 minutes after which the server
+    would send GOAWAY and, its grace period later, close the connection under
+    the calls still on it."""
 
     def __init__(self, extra_flags=(), model_flags=None):
         """`model_flags` replaces the default --model/--tokenizer (stories260K)."""
@@ -71,7 +77,8 @@ class Server(coalesce_harness.ServerProcess):
             model_flags = ["--model=" + MODEL_BIN, "--tokenizer=" + TOKENIZER_BIN]
         error = None
         try:
-            super().__init__(SERVER, extra_flags, leading_flags=list(model_flags) + SERVER_FLAGS,
+            leading = list(model_flags) + ["--max_connection_age=inf"] + SERVER_FLAGS
+            super().__init__(SERVER, extra_flags, leading_flags=leading,
                              start_timeout_s=60)
         except coalesce_harness.HarnessError as e:
             error = str(e)
